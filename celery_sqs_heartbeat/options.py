@@ -1,0 +1,173 @@
+"""Transport options: read, checked and frozen once, when the connection is made.
+
+A wrong lease setting does not fail loudly at run time: it shows up hours later as
+tasks that ran twice. So every option is checked at start-up and a bad one stops the
+worker with an error naming the option, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from celery.utils.log import get_logger
+
+from .leases import SQS_MAX_HOLD_SECONDS
+
+logger = get_logger(__name__)
+
+__all__ = ["HeartbeatOptions", "InvalidTransportOption"]
+
+DEFAULT_VISIBILITY_TIMEOUT = 30
+
+#: The options this package adds beside kombu's own SQS options.
+OPTION_NAMES = (
+    "visibility_timeout",
+    "visibility_extension",
+    "visibility_extension_threshold",
+    "visibility_extension_interval",
+    "visibility_extension_max",
+    "release_on_failure",
+    "release_delay",
+    "release_on_shutdown",
+)
+
+
+class InvalidTransportOption(ValueError):
+    """A transport option has a wrong type, is out of range, or contradicts another."""
+
+
+@dataclass(frozen=True)
+class HeartbeatOptions:
+    """The validated lease settings of one connection."""
+
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
+    visibility_extension: bool = True
+    visibility_extension_threshold: float = 10.0
+    visibility_extension_interval: float = 1.0
+    visibility_extension_max: float | None = None
+    release_on_failure: bool = False
+    release_delay: tuple[int, ...] = (0,)
+    release_on_shutdown: bool = True
+
+    @classmethod
+    def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
+        """Validate the user's ``broker_transport_options``.
+
+        kombu passes transport options through untouched, so a misspelt name would be
+        silently ignored; a near miss of one of ours gets a warning naming the option
+        that was probably meant.
+        """
+        _warn_about_near_misses(options)
+        visibility_timeout = _whole_seconds(
+            options, "visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT, 0, SQS_MAX_HOLD_SECONDS
+        )
+        extension = _boolean(options, "visibility_extension", True)
+        base = cls(
+            visibility_timeout=visibility_timeout,
+            visibility_extension=extension,
+            release_on_failure=_boolean(options, "release_on_failure", False),
+            release_delay=_release_delay(options),
+            release_on_shutdown=_boolean(options, "release_on_shutdown", True),
+        )
+        if not extension:
+            return base
+        if visibility_timeout < 2:
+            raise InvalidTransportOption(
+                f"visibility_timeout={visibility_timeout!r}: renewing leases needs at least "
+                "2 seconds (allowed: 2 to 43200 while visibility_extension is on)"
+            )
+        threshold = _seconds(
+            options,
+            "visibility_extension_threshold",
+            min(10.0, visibility_timeout / 2),
+        )
+        if not 0 < threshold < visibility_timeout:
+            raise InvalidTransportOption(
+                f"visibility_extension_threshold={threshold!r}: must be greater than 0 and "
+                f"less than visibility_timeout ({visibility_timeout})"
+            )
+        interval = _seconds(options, "visibility_extension_interval", min(1.0, threshold / 2))
+        if not 0 < interval <= threshold:
+            raise InvalidTransportOption(
+                f"visibility_extension_interval={interval!r}: must be greater than 0 and at "
+                f"most visibility_extension_threshold ({threshold})"
+            )
+        maximum = None
+        if options.get("visibility_extension_max") is not None:
+            maximum = _seconds(options, "visibility_extension_max", 0.0)
+            if not visibility_timeout <= maximum <= SQS_MAX_HOLD_SECONDS:
+                raise InvalidTransportOption(
+                    f"visibility_extension_max={maximum!r}: must be None or from "
+                    f"visibility_timeout ({visibility_timeout}) to {SQS_MAX_HOLD_SECONDS} seconds"
+                )
+        return replace(
+            base,
+            visibility_extension_threshold=threshold,
+            visibility_extension_interval=interval,
+            visibility_extension_max=maximum,
+        )
+
+    def release_delay_for(self, receive_count: int) -> int:
+        """The visibility a released message gets on its ``receive_count``-th receive.
+
+        Indexed by SQS's own ApproximateReceiveCount so that the backoff survives the
+        worker: whichever worker fails the message next continues the schedule.
+        """
+        index = min(max(receive_count, 1), len(self.release_delay)) - 1
+        return self.release_delay[index]
+
+
+def _warn_about_near_misses(options: Mapping[str, Any]) -> None:
+    for name in options:
+        if name in OPTION_NAMES:
+            continue
+        close = difflib.get_close_matches(str(name), OPTION_NAMES, n=1, cutoff=0.8)
+        if close:
+            logger.warning(
+                "Unknown transport option %r, did you mean %r? It is ignored.", name, close[0]
+            )
+
+
+def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidTransportOption(f"{name}={value!r}: must be True or False")
+    return value
+
+
+def _seconds(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTransportOption(f"{name}={value!r}: must be a number of seconds")
+    return float(value)
+
+
+def _whole_seconds(options: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    return _checked_whole_seconds(name, options.get(name, default), low, high)
+
+
+def _checked_whole_seconds(name: str, value: Any, low: int, high: int) -> int:
+    # SQS takes whole seconds only; 2.5 would be truncated by SQS, so it is refused here.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTransportOption(f"{name}={value!r}: must be whole seconds, {low} to {high}")
+    if not low <= value <= high:
+        raise InvalidTransportOption(f"{name}={value!r}: allowed range is {low} to {high} seconds")
+    return value
+
+
+def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:
+    value = options.get("release_delay", 0)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        if not value:
+            raise InvalidTransportOption(
+                "release_delay=[]: a backoff schedule needs at least one delay"
+            )
+        return tuple(
+            _checked_whole_seconds("release_delay", item, 0, SQS_MAX_HOLD_SECONDS) for item in value
+        )
+    return (_checked_whole_seconds("release_delay", value, 0, SQS_MAX_HOLD_SECONDS),)

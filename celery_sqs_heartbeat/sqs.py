@@ -1,0 +1,110 @@
+"""The thin layer that talks to SQS: one ChangeMessageVisibilityBatch call and its answer.
+
+Every outcome, including a network fault, becomes an :class:`EntryResult` per entry, so
+the caller never sees an exception from here: a renewal thread that died on one bad
+answer would silently stop renewing every lease in the process.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import botocore.session
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .leases import EntryResult, Lease
+
+__all__ = ["SQSQueue", "renewal_client"]
+
+#: Codes that mean the receipt handle no longer holds the message. SQS prefixes some of
+#: them with ``AWS.SimpleQueueService.`` depending on the protocol; that is stripped.
+LOST_LEASE_CODES = frozenset(
+    {"MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue"}
+)
+#: Whole-call codes after which none of the queue's leases can be renewed again.
+LOST_QUEUE_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+
+#: Renewals are retried by the manager on its next check, so a call must fail fast rather
+#: than hang in botocore's retries while other leases come due.
+RENEWAL_CLIENT_CONFIG = Config(connect_timeout=5, read_timeout=5, retries={"total_max_attempts": 1})
+
+_renewal_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
+
+
+def renewal_client(source: BaseClient) -> BaseClient:
+    """The queue's own client, but with :data:`RENEWAL_CLIENT_CONFIG`.
+
+    Same region, endpoint and configuration, and the same credentials object, so
+    credentials that refresh themselves (instance roles, SSO) keep refreshing here too.
+    botocore has no public way to share credentials between clients, hence the signer.
+    """
+    derived = _renewal_clients.get(source)
+    if derived is None:
+        derived = botocore.session.Session().create_client(
+            "sqs",
+            region_name=source.meta.region_name,
+            endpoint_url=source.meta.endpoint_url,
+            config=source.meta.config.merge(RENEWAL_CLIENT_CONFIG),
+            aws_access_key_id="replaced-below",
+            aws_secret_access_key="replaced-below",
+        )
+        derived._request_signer._credentials = source._request_signer._credentials
+        _renewal_clients[source] = derived
+    return derived
+
+
+class SQSQueue:
+    """Where visibility changes for one queue go, with the client allowed to make them.
+
+    ``client_source`` is asked on every call, not once: for a predefined queue with an
+    STS role, kombu replaces the client when its session token is about to expire.
+    """
+
+    def __init__(self, name: str, url: str, client_source: Callable[[], BaseClient]) -> None:
+        self.name = name
+        self.url = url
+        self._client_source = client_source
+
+    def __repr__(self) -> str:
+        return f"<SQSQueue {self.name}>"
+
+    def change_visibility(
+        self, entries: Sequence[tuple[Lease, int]]
+    ) -> dict[Lease, tuple[EntryResult, str]]:
+        """Set each lease's visibility, ten at most, in one call."""
+        request = [
+            {"Id": str(index), "ReceiptHandle": lease.receipt_handle, "VisibilityTimeout": seconds}
+            for index, (lease, seconds) in enumerate(entries)
+        ]
+        leases = [lease for lease, _ in entries]
+        try:
+            client = renewal_client(self._client_source())
+            response = client.change_message_visibility_batch(QueueUrl=self.url, Entries=request)
+        except ClientError as exc:
+            code = _error_code(exc.response.get("Error", {}).get("Code"))
+            kind = EntryResult.LOST if code in LOST_QUEUE_CODES else EntryResult.TRANSIENT
+            return dict.fromkeys(leases, (kind, f"{code}: {exc}"))
+        except (BotoCoreError, OSError) as exc:
+            return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
+        return _entry_results(leases, response)
+
+
+def _entry_results(
+    leases: Sequence[Lease], response: dict[str, Any]
+) -> dict[Lease, tuple[EntryResult, str]]:
+    results: dict[Lease, tuple[EntryResult, str]] = {}
+    for ok in response.get("Successful", []):
+        results[leases[int(ok["Id"])]] = (EntryResult.OK, "")
+    for failed in response.get("Failed", []):
+        code = _error_code(failed.get("Code"))
+        kind = EntryResult.LOST if code in LOST_LEASE_CODES else EntryResult.TRANSIENT
+        results[leases[int(failed["Id"])]] = (kind, f"{code}: {failed.get('Message', '')}")
+    return results
+
+
+def _error_code(code: str | None) -> str:
+    return (code or "Unknown").rsplit(".", 1)[-1]
