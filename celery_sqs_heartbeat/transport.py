@@ -2,7 +2,8 @@
 
 Where a lease lives, in kombu's terms:
 
-- born in :meth:`QoS.append`, when kombu hands a received message to the consumer;
+- born in :meth:`Channel._leases_from_receive`, as the ReceiveMessage answer arrives,
+  and claimed in :meth:`QoS.append` when kombu hands the message to the consumer;
 - renewed by :mod:`celery_sqs_heartbeat.manager` until it ends;
 - ended in :meth:`Channel.basic_ack` (before the delete) or :meth:`Channel.basic_reject`,
   or released when the channel closes with messages that never started.
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from botocore.client import BaseClient
+from celery.utils.log import get_logger
 from kombu.transport import SQS
 from kombu.transport.virtual import Channel as VirtualChannel
 from kombu.utils.objects import cached_property
@@ -26,6 +28,8 @@ from .options import HeartbeatOptions
 from .sqs import SQSQueue
 
 __all__ = ["Channel", "QoS", "Transport"]
+
+logger = get_logger(__name__)
 
 #: How long closing a channel waits for the release of unstarted messages to go out.
 SHUTDOWN_RELEASE_TIMEOUT = 10.0
@@ -38,7 +42,7 @@ class QoS(SQS.QoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         super().append(message, delivery_tag)
-        self.channel.start_lease(message, delivery_tag)
+        self.channel.claim_lease(message, delivery_tag)
 
     def restore_unacked(self) -> list[Any]:
         """At channel close: release what never started instead of restoring copies.
@@ -71,6 +75,9 @@ class Channel(SQS.Channel):
         #: Leases of the messages this channel delivered and that are not acked yet,
         #: by delivery tag (the receipt handle).
         self.leases: dict[str, Lease] = {}
+        #: Leases of messages received from SQS but not yet handed to the consumer.
+        self._undelivered: dict[str, Lease] = {}
+        self._bulk_leases: list[Lease] | None = None
         #: When each queue's pending long poll was sent, by queue URL.
         self._polls_pending: dict[str, float] = {}
 
@@ -140,37 +147,105 @@ class Channel(SQS.Channel):
             return 0
         return max(0, math.ceil(sent_at + int(self.wait_time_seconds) - self.manager.clock()))
 
-    def start_lease(self, message: Any, delivery_tag: str) -> None:
-        """A lease is born: the consumer now holds ``message`` until it acks it."""
-        info = message.delivery_info
-        sqs_message = info.get("sqs_message")
-        queue_url = info.get("sqs_queue")
-        if not sqs_message or not queue_url:
-            return
-        headers = message.headers or {}
-        attributes = sqs_message.get("Attributes") or {}
-        lease = Lease(
-            receipt_handle=delivery_tag,
-            queue=self._lease_queue(queue_url, info.get("routing_key")),
-            policy=self.lease_policy,
-            received_at=self.manager.clock(),
-            task_id=headers.get("id"),
-            task_name=headers.get("task"),
-            receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
-        )
-        self.leases[delivery_tag] = lease
-        if self.options.visibility_extension:
-            self.manager.track(lease, self.options.visibility_extension_interval)
+    def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
+        """The worker's receive path: leases for the whole batch, then kombu's delivery.
 
-    def _lease_queue(self, queue_url: str, routing_key: str | None) -> SQSQueue:
+        kombu hands the batch to the consumer one message at a time, and in the solo pool
+        each task runs before the next message is handed over. So every message's lease
+        starts here, when SQS's lease starts, not when the consumer gets to it.
+        """
+        received = (messages.get("Messages") or []) if isinstance(messages, dict) else []
+        if qname not in self.connection._callbacks or qname in self._noack_queues:
+            # kombu releases or deletes these itself.
+            received = []
+        leases = self._leases_from_receive(received, queue, qname)
+        try:
+            return super()._on_messages_ready(queue, qname, messages)
+        finally:
+            self._release_undelivered(leases)
+
+    def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """The blocking receive path (no event loop: gevent, eventlet, plain kombu)."""
+        self._bulk_leases = []
+        try:
+            return super()._get_bulk(queue, *args, **kwargs)
+        finally:
+            leases, self._bulk_leases = self._bulk_leases or [], None
+            self._release_undelivered(leases)
+
+    def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        response = super()._receive_message(queue, *args, **kwargs)
+        if self._bulk_leases is not None and queue not in self._noack_queues:
+            received = response.get("Messages") or []
+            queue_url = self._new_queue(queue)
+            self._bulk_leases.extend(self._leases_from_receive(received, queue_url, queue))
+        return response
+
+    def _leases_from_receive(
+        self, received: list[dict[str, Any]], queue_url: str, queue_name: str
+    ) -> list[Lease]:
+        """Leases are born: SQS has just started hiding these messages from others."""
+        now = self.manager.clock()
+        born = []
+        for sqs_message in received:
+            handle = sqs_message.get("ReceiptHandle")
+            if not handle:
+                continue
+            attributes = sqs_message.get("Attributes") or {}
+            lease = Lease(
+                receipt_handle=handle,
+                queue=self._lease_queue(queue_url, queue_name),
+                policy=self.lease_policy,
+                received_at=now,
+                receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+            )
+            self._undelivered[handle] = lease
+            if self.options.visibility_extension:
+                self.manager.track(lease, self.options.visibility_extension_interval)
+            born.append(lease)
+        return born
+
+    def claim_lease(self, message: Any, delivery_tag: str) -> None:
+        """The consumer took ``message``: its lease now lasts until the ack or reject."""
+        lease = self._undelivered.pop(delivery_tag, None)
+        if lease is None:
+            # Received some other way (kombu's basic_get): the lease starts now.
+            info = message.delivery_info
+            if not info.get("sqs_queue"):
+                return
+            born = self._leases_from_receive(
+                [info.get("sqs_message") or {"ReceiptHandle": delivery_tag}],
+                info["sqs_queue"],
+                self.canonical_queue_name(info.get("routing_key") or ""),
+            )
+            if not born:
+                return
+            lease = self._undelivered.pop(delivery_tag)
+        headers = message.headers or {}
+        lease.task_id = headers.get("id")
+        lease.task_name = headers.get("task")
+        self.leases[delivery_tag] = lease
+
+    def _release_undelivered(self, leases: list[Lease]) -> None:
+        """Messages received but never handed to the consumer go straight back to SQS.
+
+        A body kombu cannot decode raises before delivery; without this its lease would be
+        renewed for as long as the worker lives.
+        """
+        stranded = [lease for lease in leases if self._undelivered.pop(lease.receipt_handle, None)]
+        if stranded:
+            logger.warning(
+                "Releasing %d received message(s) that were never delivered to the consumer",
+                len(stranded),
+            )
+            self.manager.release([(lease, 0) for lease in stranded], "not delivered")
+
+    def _lease_queue(self, queue_url: str, queue_name: str) -> SQSQueue:
         """The renewal target of a queue, shared by the connection's channels."""
         known = self.connection.lease_queues.get(queue_url)
         if known is not None:
             return known
-        name = next(
-            (name for name, url in self._queue_cache.items() if url == queue_url),
-            self.canonical_queue_name(routing_key or queue_url.rsplit("/", 1)[-1]),
-        )
+        name = self.canonical_queue_name(queue_name)
         client = self.sqs(queue=name)
 
         def current_client() -> BaseClient:

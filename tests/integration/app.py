@@ -1,0 +1,67 @@
+"""The Celery application the integration tests run in real ``celery worker`` processes.
+
+Configured entirely from the environment, as a user would configure theirs from settings,
+so that one module serves every pool, transport and option combination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from celery import Celery
+from celery.exceptions import Reject
+
+app = Celery("heartbeat_it")
+app.conf.update(
+    broker_url=os.environ["IT_BROKER_URL"],
+    broker_transport=os.environ.get("IT_TRANSPORT", "celery_sqs_heartbeat:Transport"),
+    broker_transport_options=json.loads(os.environ.get("IT_TRANSPORT_OPTIONS", "{}")),
+    broker_connection_retry_on_startup=False,
+    task_default_queue=os.environ.get("IT_QUEUE", "it-default"),
+    task_acks_late=os.environ.get("IT_ACKS_LATE", "1") == "1",
+    task_acks_on_failure_or_timeout=os.environ.get("IT_ACKS_ON_FAILURE", "1") == "1",
+    worker_prefetch_multiplier=int(os.environ.get("IT_PREFETCH_MULTIPLIER", "1")),
+    worker_hijack_root_logger=False,
+)
+RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
+
+
+def _record(task_id: str, name: str, started: float, outcome: str) -> None:
+    with open(RECORD_FILE, "a") as records:
+        records.write(
+            json.dumps(
+                {
+                    "task_id": task_id,
+                    "name": name,
+                    "pid": os.getpid(),
+                    "worker": os.environ.get("IT_WORKER_NAME", ""),
+                    "start": started,
+                    "end": time.time(),
+                    "outcome": outcome,
+                }
+            )
+            + "\n"
+        )
+
+
+@app.task(bind=True)
+def busy(self, label: str, seconds: float) -> str:
+    """Stands for a long job: the worker holds its message for ``seconds``."""
+    started = time.time()
+    time.sleep(seconds)
+    _record(self.request.id, label, started, "ok")
+    return label
+
+
+@app.task(bind=True)
+def fails(self, label: str, how: str) -> None:
+    """Fails the way a task does when the message should go back to SQS."""
+    started = time.time()
+    _record(self.request.id, label, started, "failed")
+    if how == "reject":
+        raise Reject("rejected by the test", requeue=False)
+    if how == "requeue":
+        raise Reject("requeued by the test", requeue=True)
+    raise RuntimeError("failed by the test")

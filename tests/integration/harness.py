@@ -1,0 +1,176 @@
+"""Real worker processes and the records their tasks leave behind."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from celery import Celery
+
+from celery_sqs_heartbeat.testing import StrictSQSServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Bed:
+    """One test's queue, record file and SQS server."""
+
+    server: StrictSQSServer
+    queue: str
+    records: Path
+    logs: Path
+
+    def env(self, **overrides: Any) -> dict[str, str]:
+        options = {"region": "us-east-1", "is_secure": False, "wait_time_seconds": 1}
+        options.update(overrides.pop("options", {}))
+        env = dict(os.environ)
+        env.update(
+            IT_BROKER_URL=self.server.broker_url,
+            IT_TRANSPORT_OPTIONS=json.dumps(options),
+            IT_QUEUE=self.queue,
+            IT_RECORD_FILE=str(self.records),
+            PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        env.update({key: str(value) for key, value in overrides.items()})
+        return env
+
+    def sqs(self) -> Any:
+        return boto3.client("sqs", **self.server.boto3_kwargs)
+
+    def create_queue(self, visibility_timeout: int, max_receive_count: int | None = None) -> str:
+        """Create the queue up front, as ops teams do, with a dead-letter queue if asked."""
+        sqs = self.sqs()
+        attributes = {"VisibilityTimeout": str(visibility_timeout)}
+        if max_receive_count is not None:
+            dead = sqs.create_queue(QueueName=f"{self.queue}-dlq")["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
+            attributes["RedrivePolicy"] = json.dumps(
+                {
+                    "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
+                    "maxReceiveCount": str(max_receive_count),
+                }
+            )
+        return str(sqs.create_queue(QueueName=self.queue, Attributes=attributes)["QueueUrl"])
+
+    def send(self, task: str, *args: Any, **options: Any) -> str:
+        """Publish a task the way ``task.delay()`` does, through the heartbeat transport."""
+        with Celery("producer", set_as_current=False) as app:
+            app.conf.update(
+                broker_url=self.server.broker_url,
+                broker_transport="celery_sqs_heartbeat:Transport",
+                broker_transport_options={"region": "us-east-1", "is_secure": False},
+            )
+            result = app.send_task(
+                f"tests.integration.app.{task}", args=args, queue=self.queue, **options
+            )
+            return str(result.id)
+
+    def executions(self) -> list[dict[str, Any]]:
+        if not self.records.exists():
+            return []
+        return [json.loads(line) for line in self.records.read_text().splitlines() if line]
+
+    def runs_per_task(self) -> dict[str, int]:
+        return dict(collections.Counter(record["task_id"] for record in self.executions()))
+
+    def wait_for_executions(self, count: int, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.executions()
+            if len(done) >= count:
+                return done
+            time.sleep(0.2)
+        return self.executions()
+
+
+def new_bed(server: StrictSQSServer, tmp_path: Path) -> Bed:
+    return Bed(
+        server=server,
+        queue=f"it-{uuid.uuid4().hex[:10]}",
+        records=tmp_path / "executions.jsonl",
+        logs=tmp_path,
+    )
+
+
+class Worker:
+    """A ``celery worker`` subprocess, as a user starts one."""
+
+    def __init__(self, bed: Bed, pool: str, concurrency: int, name: str, env: dict[str, str]):
+        self.log_path = bed.logs / f"worker-{name}.log"
+        self._log = self.log_path.open("w")
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.integration.app", "worker",
+            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
+            "--without-heartbeat", "--without-mingle", "--without-gossip",
+        ]
+        self.process = subprocess.Popen(
+            command, cwd=REPO, env={**env, "IT_WORKER_NAME": name},
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "ready." in self.log:
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited at start-up:\n{self.log}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout} s:\n{self.log}")
+
+    @property
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def warm_shutdown(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._log.close()
+
+
+@contextmanager
+def worker(
+    bed: Bed, pool: str = "prefork", concurrency: int = 2, name: str = "w1", **env: Any
+) -> Iterator[Worker]:
+    process = Worker(bed, pool, concurrency, name, bed.env(**env))
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.warm_shutdown()
+
+
+def overlapping(executions: list[dict[str, Any]]) -> list[str]:
+    """Task ids that ran in two places at the same moment."""
+    by_task = collections.defaultdict(list)
+    for record in executions:
+        by_task[record["task_id"]].append((record["start"], record["end"]))
+    clashes = []
+    for task_id, spans in by_task.items():
+        spans.sort()
+        if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
+            clashes.append(task_id)
+    return clashes
