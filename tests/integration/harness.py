@@ -115,13 +115,30 @@ class Worker:
         self.log_path = bed.logs / f"worker-{name}.log"
         self._log = self.log_path.open("w")
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.integration.app", "worker",
-            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
-            "--without-heartbeat", "--without-mingle", "--without-gossip",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.app",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "info",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
         ]
         self.process = subprocess.Popen(
-            command, cwd=REPO, env={**env, "IT_WORKER_NAME": name},
-            stdout=self._log, stderr=subprocess.STDOUT,
+            command,
+            cwd=REPO,
+            env={**env, "IT_WORKER_NAME": name},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import Bed, overlapping, worker
+from .test_scenarios import assert_no_visibility_change_after_delete
 
 LEASE = 3
 
@@ -20,7 +21,10 @@ def test_every_task_runs_once_when_tasks_outlive_the_lease(
     long_ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(concurrency + 2)]
     eta_id = bed.send("busy", "eta", 0.5, countdown=LEASE + 2)
     with worker(
-        bed, pool, concurrency, options={"visibility_timeout": LEASE},
+        bed,
+        pool,
+        concurrency,
+        options={"visibility_timeout": LEASE},
         IT_PREFETCH_MULTIPLIER=2,
     ) as process:
         done = bed.wait_for_executions(len(long_ids) + 1, timeout=120)
@@ -31,6 +35,7 @@ def test_every_task_runs_once_when_tasks_outlive_the_lease(
     assert overlapping(done) == []
     assert "Lost the SQS lease" not in log
     assert "Traceback" not in log
+    assert_no_visibility_change_after_delete(bed)
 
 
 def test_stock_kombu_transport_redelivers_the_same_workload(bed: Bed) -> None:
@@ -38,7 +43,11 @@ def test_stock_kombu_transport_redelivers_the_same_workload(bed: Bed) -> None:
     bed.create_queue(visibility_timeout=LEASE)
     long_ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(2)]
     with worker(
-        bed, "prefork", 2, options={"visibility_timeout": LEASE}, IT_TRANSPORT="sqs",
+        bed,
+        "prefork",
+        3,  # a spare slot is what picks an expired message up again
+        options={"visibility_timeout": LEASE},
+        IT_TRANSPORT="sqs",
     ):
         bed.wait_for_executions(len(long_ids) + 1, timeout=60)
     assert max(bed.runs_per_task().values()) > 1

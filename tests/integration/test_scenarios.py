@@ -1,0 +1,168 @@
+"""Competing workers, ack modes, failures, shutdown, faults and bad options, for real."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .harness import REPO, Bed, Worker, overlapping, worker
+
+LEASE = 3
+
+
+def test_two_competing_workers_run_each_task_once(bed: Bed) -> None:
+    ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(4)]
+    options = {"visibility_timeout": LEASE}
+    with (
+        worker(bed, "prefork", 2, "a", options=options),
+        worker(bed, "threads", 2, "b", options=options),
+    ):
+        done = bed.wait_for_executions(len(ids), timeout=90)
+        bed.wait_for_executions(len(ids) + 1, timeout=LEASE + 2)
+    assert bed.runs_per_task() == dict.fromkeys(ids, 1)
+    assert overlapping(done) == []
+
+
+def test_early_ack_deletes_before_running_and_nothing_is_renewed_after(bed: Bed) -> None:
+    ids = [bed.send("busy", f"long-{n}", 2 * LEASE) for n in range(2)]
+    with worker(bed, "threads", 2, options={"visibility_timeout": LEASE}, IT_ACKS_LATE="0"):
+        bed.wait_for_executions(len(ids), timeout=60)
+        bed.wait_for_executions(len(ids) + 1, timeout=LEASE + 2)
+    assert bed.runs_per_task() == dict.fromkeys(ids, 1)
+    assert_no_visibility_change_after_delete(bed)
+
+
+def test_opting_out_brings_back_the_stock_redelivery(bed: Bed) -> None:
+    ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(2)]
+    # A free slot is what picks an expired message up again, so there is one spare.
+    with worker(
+        bed, "prefork", 3, options={"visibility_timeout": LEASE, "visibility_extension": False}
+    ) as process:
+        bed.wait_for_executions(len(ids) + 1, timeout=60)
+        log = process.log
+    assert max(bed.runs_per_task().values()) > 1
+    assert "Lost the SQS lease" not in log
+    assert not any(
+        e["action"] == "change_visibility"
+        for e in bed.server.events()
+        if e["queue"].endswith(bed.queue)
+    )
+
+
+def test_failed_task_is_released_at_once_and_dead_lettered_after_max_receives(bed: Bed) -> None:
+    # With a 30 s lease, a redelivery within seconds can only come from the release.
+    bed.create_queue(visibility_timeout=30, max_receive_count=3)
+    task_id = bed.send("fails", "doomed", "error")
+    with worker(
+        bed,
+        "threads",
+        1,
+        options={"visibility_timeout": 30, "release_on_failure": True},
+        IT_ACKS_ON_FAILURE="0",
+    ):
+        runs = bed.wait_for_executions(3, timeout=30)
+        time.sleep(2)
+    assert [r["task_id"] for r in runs] == [task_id] * 3
+    gaps = [later["start"] - earlier["end"] for earlier, later in zip(runs, runs[1:])]
+    assert max(gaps) < 10, gaps
+    sqs = bed.sqs()
+    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
+    moved = sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=2).get("Messages", [])
+    assert len(moved) == 1
+
+
+def test_release_delay_schedule_spaces_the_retries(bed: Bed) -> None:
+    bed.create_queue(visibility_timeout=30)
+    bed.send("fails", "retried", "reject")
+    with worker(
+        bed,
+        "threads",
+        1,
+        options={"visibility_timeout": 30, "release_on_failure": True, "release_delay": [0, 4]},
+    ):
+        runs = bed.wait_for_executions(3, timeout=40)
+    gaps = [later["start"] - earlier["end"] for earlier, later in zip(runs, runs[1:])]
+    assert len(gaps) == 2
+    assert gaps[0] < 3, gaps
+    assert 3.5 <= gaps[1] < 15, gaps
+
+
+def test_warm_shutdown_finishes_running_task_and_hands_over_the_rest(bed: Bed) -> None:
+    running = bed.send("busy", "running", 2 * LEASE)
+    waiting = [bed.send("busy", f"waiting-{n}", 0.1) for n in range(3)]
+    held = bed.send("busy", "countdown", 0.1, countdown=12)
+    options = {"visibility_timeout": 30}
+    first = Worker(bed, "prefork", 1, "first", bed.env(options=options, IT_PREFETCH_MULTIPLIER=8))
+    first.wait_ready()
+    time.sleep(2)  # the running task has started; the rest are prefetched or held
+    stopped_at = time.time()
+    assert first.warm_shutdown() == 0
+    with worker(bed, "threads", 4, "second", options=options):
+        runs = bed.wait_for_executions(5, timeout=25)
+    by_task = {r["task_id"]: r for r in runs}
+    assert bed.runs_per_task() == dict.fromkeys([running, *waiting, held], 1)
+    assert by_task[running]["worker"] == "first"
+    for task_id in waiting:
+        # Handed over well inside the 30 s lease: released, not left to expire.
+        assert by_task[task_id]["worker"] == "second"
+        assert by_task[task_id]["start"] - stopped_at < 20
+
+
+def test_throttled_renewals_are_retried_quietly_and_lost_leases_reported(bed: Bed) -> None:
+    bed.server.inject_fault("ChangeMessageVisibilityBatch", "throttle", count=2)
+    kept = bed.send("busy", "kept", 3 * LEASE)
+    with worker(bed, "threads", 1, options={"visibility_timeout": LEASE}) as process:
+        bed.wait_for_executions(1, timeout=30)
+        bed.server.inject_fault("ChangeMessageVisibilityBatch", "server_error", count=1000)
+        lost = bed.send("busy", "lost", 3 * LEASE)
+        bed.wait_for_executions(2, timeout=30)
+        log = process.log
+    bed.server.clear_faults()
+    assert bed.runs_per_task()[kept] == 1
+    assert log.count("failed, retrying every check") <= 2, log
+    assert f"Lost the SQS lease of task tests.integration.app.busy[{lost}]" in log
+    assert "Traceback" not in log
+
+
+def test_visibility_extension_max_stops_renewing_with_a_warning(bed: Bed) -> None:
+    task_id = bed.send("busy", "capped", 4 * LEASE)
+    with worker(
+        bed, "threads", 1, options={"visibility_timeout": LEASE, "visibility_extension_max": 5}
+    ) as process:
+        bed.wait_for_executions(1, timeout=30)
+        log = process.log
+    assert f"Stopped renewing the SQS lease of task tests.integration.app.busy[{task_id}]" in log
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"visibility_timeout": 50000}, "visibility_timeout=50000: allowed range is 0 to 43200"),
+        ({"visibility_extension_threshold": 40}, "visibility_extension_threshold=40.0"),
+    ],
+)
+def test_bad_option_stops_the_worker_at_start_up(bed: Bed, options: dict, message: str) -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.app", "worker", "-P", "solo"],
+        cwd=REPO,
+        env=bed.env(options=options),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert process.returncode != 0
+    assert message in process.stdout + process.stderr
+
+
+def assert_no_visibility_change_after_delete(bed: Bed) -> None:
+    deleted: dict[str, float] = {}
+    for event in bed.server.events():
+        if not event["queue"].endswith(bed.queue):
+            continue
+        if event["action"] == "delete" and event["result"] == "ok":
+            deleted[event["message_id"]] = event["t"]
+        elif event["action"] == "change_visibility" and event["result"] == "ok":
+            assert event["message_id"] not in deleted, event
