@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import signal
@@ -188,6 +189,6 @@ def overlapping(executions: list[dict[str, Any]]) -> list[str]:
     clashes = []
     for task_id, spans in by_task.items():
         spans.sort()
-        if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
             clashes.append(task_id)
     return clashes

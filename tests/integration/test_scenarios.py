@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -66,7 +67,7 @@ def test_failed_task_is_released_at_once_and_dead_lettered_after_max_receives(be
         runs = bed.wait_for_executions(3, timeout=30)
         time.sleep(2)
     assert [r["task_id"] for r in runs] == [task_id] * 3
-    gaps = [later["start"] - earlier["end"] for earlier, later in zip(runs, runs[1:])]
+    gaps = [later["start"] - earlier["end"] for earlier, later in itertools.pairwise(runs)]
     assert max(gaps) < 10, gaps
     sqs = bed.sqs()
     dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
@@ -84,7 +85,7 @@ def test_release_delay_schedule_spaces_the_retries(bed: Bed) -> None:
         options={"visibility_timeout": 30, "release_on_failure": True, "release_delay": [0, 4]},
     ):
         runs = bed.wait_for_executions(3, timeout=40)
-    gaps = [later["start"] - earlier["end"] for earlier, later in zip(runs, runs[1:])]
+    gaps = [later["start"] - earlier["end"] for earlier, later in itertools.pairwise(runs)]
     assert len(gaps) == 2
     assert gaps[0] < 3, gaps
     assert 3.5 <= gaps[1] < 15, gaps
