@@ -1,0 +1,139 @@
+"""Shared fakes for the unit tests: a hand-driven clock, a scriptable queue, signal taps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from celery_sqs_heartbeat import manager as manager_module
+from celery_sqs_heartbeat import signals
+from celery_sqs_heartbeat.leases import EntryResult, Lease, LeasePolicy
+
+#: The policy most tests use: 30-second leases, due 10 seconds before they run out.
+POLICY = LeasePolicy(visibility_timeout=30, threshold=10.0)
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeQueue:
+    """A ``LeaseQueue`` that records every call and answers as scripted.
+
+    ``events`` logs ``("sent", entries)`` when a call starts and ``("returned", entries)``
+    when it comes back, so tests can see whether one call happened inside another.
+    ``during_call`` runs while a call is on the wire (once, then it is cleared): it models
+    an ack or a reject racing a renewal.
+    """
+
+    def __init__(self, name: str = "jobs") -> None:
+        self.name = name
+        self.calls: list[list[tuple[Lease, int]]] = []
+        self.events: list[tuple[str, list[tuple[Lease, int]]]] = []
+        self.default: tuple[EntryResult, str] = (EntryResult.OK, "")
+        self.answers: dict[Lease, tuple[EntryResult, str]] = {}
+        self.error: BaseException | None = None
+        self.during_call: Callable[[list[tuple[Lease, int]]], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<FakeQueue {self.name}>"
+
+    def answer(self, lease: Lease, result: EntryResult, reason: str = "") -> None:
+        self.answers[lease] = (result, reason)
+
+    def answer_all(self, result: EntryResult, reason: str = "") -> None:
+        self.answers.clear()
+        self.default = (result, reason)
+
+    def change_visibility(
+        self, entries: Sequence[tuple[Lease, int]]
+    ) -> Mapping[Lease, tuple[EntryResult, str]]:
+        entries = list(entries)
+        self.calls.append(entries)
+        self.events.append(("sent", entries))
+        if self.during_call is not None:
+            during, self.during_call = self.during_call, None
+            during(entries)
+        self.events.append(("returned", entries))
+        if self.error is not None:
+            raise self.error
+        return {lease: self.answers.get(lease, self.default) for lease, _ in entries}
+
+
+def make_lease(
+    queue: Any,
+    received_at: float = 0.0,
+    policy: LeasePolicy = POLICY,
+    task_id: str = "id-1",
+    task_name: str = "tasks.crunch",
+    receipt_handle: str | None = None,
+) -> Lease:
+    return Lease(
+        receipt_handle=receipt_handle or f"rh-{task_id}",
+        queue=queue,
+        policy=policy,
+        received_at=received_at,
+        task_id=task_id,
+        task_name=task_name,
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def queue() -> FakeQueue:
+    return FakeQueue()
+
+
+@pytest.fixture
+def manager(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> manager_module.VisibilityExtensionManager:
+    """A manager driven by ``check()`` and the fake clock: ``track()`` starts no thread."""
+    instance = manager_module.VisibilityExtensionManager(clock=clock)
+    monkeypatch.setattr(instance, "_ensure_thread", lambda: None)
+    return instance
+
+
+def _tap(signal: Any) -> Iterator[list[dict[str, Any]]]:
+    received: list[dict[str, Any]] = []
+
+    def receiver(sender: Any = None, **kwargs: Any) -> None:
+        kwargs.pop("signal", None)
+        received.append({"sender": sender, **kwargs})
+
+    signal.connect(receiver, weak=False)
+    try:
+        yield received
+    finally:
+        signal.disconnect(receiver)
+
+
+@pytest.fixture
+def renewed() -> Iterator[list[dict[str, Any]]]:
+    """Every ``lease_renewed`` signal sent during the test, as keyword arguments."""
+    yield from _tap(signals.lease_renewed)
+
+
+@pytest.fixture
+def lost() -> Iterator[list[dict[str, Any]]]:
+    yield from _tap(signals.lease_lost)
+
+
+@pytest.fixture
+def released() -> Iterator[list[dict[str, Any]]]:
+    yield from _tap(signals.lease_released)

@@ -1,0 +1,304 @@
+"""Transport options: defaults, validation messages, near-miss warnings, backoff schedule."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from celery_sqs_heartbeat.options import HeartbeatOptions, InvalidTransportOption
+
+OPTIONS_LOGGER = "celery_sqs_heartbeat.options"
+
+
+def parse(**options: Any) -> HeartbeatOptions:
+    return HeartbeatOptions.from_transport_options(options)
+
+
+def test_defaults_when_no_option_is_given() -> None:
+    options = parse()
+
+    assert options.visibility_timeout == 30
+    assert options.visibility_extension is True
+    assert options.visibility_extension_threshold == 10
+    assert options.visibility_extension_interval == 1
+    assert options.visibility_extension_max is None
+    assert options.release_delay == (0,)
+    assert options.release_on_shutdown is True
+    assert options.release_on_failure is False
+
+
+@pytest.mark.parametrize(
+    ("given", "threshold", "interval"),
+    [
+        ({"visibility_timeout": 600}, 10, 1),
+        ({"visibility_timeout": 8}, 4, 1),
+        ({"visibility_timeout": 2}, 1, 0.5),
+        ({"visibility_timeout": 30, "visibility_extension_threshold": 1}, 1, 0.5),
+        ({"visibility_timeout": 30, "visibility_extension_threshold": 15}, 15, 1),
+    ],
+)
+def test_threshold_defaults_to_half_the_timeout_up_to_10_and_interval_to_half_of_it_up_to_1(
+    given: dict[str, Any], threshold: float, interval: float
+) -> None:
+    options = parse(**given)
+
+    assert options.visibility_extension_threshold == threshold
+    assert options.visibility_extension_interval == interval
+
+
+def test_given_values_are_kept() -> None:
+    options = parse(
+        visibility_timeout=120,
+        visibility_extension_threshold=40,
+        visibility_extension_interval=5,
+        visibility_extension_max=3600,
+        release_on_failure=True,
+        release_delay=[10, 60, 600],
+        release_on_shutdown=False,
+    )
+
+    assert options == HeartbeatOptions(
+        visibility_timeout=120,
+        visibility_extension=True,
+        visibility_extension_threshold=40.0,
+        visibility_extension_interval=5.0,
+        visibility_extension_max=3600.0,
+        release_on_failure=True,
+        release_delay=(10, 60, 600),
+        release_on_shutdown=False,
+    )
+
+
+def test_whole_floats_are_accepted_as_integers() -> None:
+    options = parse(visibility_timeout=30.0, release_delay=[5.0, 60.0])
+
+    assert options.visibility_timeout == 30
+    assert type(options.visibility_timeout) is int
+    assert options.release_delay == (5, 60)
+    assert all(type(delay) is int for delay in options.release_delay)
+
+
+def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
+    assert parse(release_delay=45).release_delay == (45,)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected_in_message"),
+    [
+        # visibility_timeout: whole seconds from 0 to 43200 (2 while extending).
+        ({"visibility_timeout": -1}, ["visibility_timeout=-1", "0 to 43200"]),
+        ({"visibility_timeout": 43201}, ["visibility_timeout=43201", "0 to 43200"]),
+        ({"visibility_timeout": "30"}, ["visibility_timeout='30'", "0 to 43200"]),
+        ({"visibility_timeout": 2.5}, ["visibility_timeout=2.5", "0 to 43200"]),
+        ({"visibility_timeout": True}, ["visibility_timeout=True", "0 to 43200"]),
+        ({"visibility_timeout": None}, ["visibility_timeout=None", "0 to 43200"]),
+        ({"visibility_timeout": 1}, ["visibility_timeout=1", "2 to 43200"]),
+        ({"visibility_timeout": 0}, ["visibility_timeout=0", "2 to 43200"]),
+        # threshold: greater than 0, less than the timeout.
+        (
+            {"visibility_extension_threshold": 0},
+            ["visibility_extension_threshold=0", "greater than 0", "visibility_timeout (30)"],
+        ),
+        (
+            {"visibility_extension_threshold": -5},
+            ["visibility_extension_threshold=-5", "greater than 0", "visibility_timeout (30)"],
+        ),
+        (
+            {"visibility_extension_threshold": 30},
+            ["visibility_extension_threshold=30", "less than visibility_timeout (30)"],
+        ),
+        (
+            {"visibility_timeout": 60, "visibility_extension_threshold": 75},
+            ["visibility_extension_threshold=75", "less than visibility_timeout (60)"],
+        ),
+        # interval: greater than 0, at most the threshold.
+        (
+            {"visibility_extension_interval": 0},
+            [
+                "visibility_extension_interval=0",
+                "greater than 0",
+                "visibility_extension_threshold (10.0)",
+            ],
+        ),
+        (
+            {"visibility_extension_threshold": 4, "visibility_extension_interval": 4.5},
+            ["visibility_extension_interval=4.5", "at most visibility_extension_threshold (4.0)"],
+        ),
+        # max: from the timeout to 43200.
+        (
+            {"visibility_extension_max": 29},
+            ["visibility_extension_max=29", "visibility_timeout (30) to 43200"],
+        ),
+        (
+            {"visibility_timeout": 600, "visibility_extension_max": 599},
+            ["visibility_extension_max=599", "visibility_timeout (600) to 43200"],
+        ),
+        (
+            {"visibility_extension_max": 43201},
+            ["visibility_extension_max=43201", "visibility_timeout (30) to 43200"],
+        ),
+        ({"visibility_extension_max": "x"}, ["visibility_extension_max='x'", "seconds"]),
+        ({"visibility_extension_threshold": "10"}, ["visibility_extension_threshold='10'"]),
+        ({"visibility_extension_interval": True}, ["visibility_extension_interval=True"]),
+        # release_delay: whole seconds from 0 to 43200, or a non-empty list of them.
+        ({"release_delay": -1}, ["release_delay=-1", "0 to 43200"]),
+        ({"release_delay": 43201}, ["release_delay=43201", "0 to 43200"]),
+        ({"release_delay": [5, 43201]}, ["release_delay=43201", "0 to 43200"]),
+        ({"release_delay": ["a"]}, ["release_delay='a'", "0 to 43200"]),
+        ({"release_delay": "5"}, ["release_delay='5'", "0 to 43200"]),
+        ({"release_delay": 1.5}, ["release_delay=1.5", "0 to 43200"]),
+        ({"release_delay": []}, ["release_delay=[]", "at least one delay"]),
+        # booleans: True or False, nothing truthy.
+        ({"visibility_extension": 1}, ["visibility_extension=1", "True or False"]),
+        ({"release_on_failure": "yes"}, ["release_on_failure='yes'", "True or False"]),
+        ({"release_on_failure": 1}, ["release_on_failure=1", "True or False"]),
+        ({"release_on_shutdown": "yes"}, ["release_on_shutdown='yes'", "True or False"]),
+        ({"release_on_shutdown": 0}, ["release_on_shutdown=0", "True or False"]),
+    ],
+)
+def test_a_bad_option_is_refused_with_its_name_value_and_what_is_allowed(
+    given: dict[str, Any], expected_in_message: list[str]
+) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(**given)
+
+    message = str(raised.value)
+    for expected in expected_in_message:
+        assert expected in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a wrong type for a seconds option says only 'must be a number of seconds', "
+    "not the allowed range (options.py _seconds)",
+)
+@pytest.mark.parametrize(
+    ("given", "allowed"),
+    [
+        ({"visibility_extension_max": "x"}, "visibility_timeout (30) to 43200"),
+        ({"visibility_extension_threshold": "x"}, "less than visibility_timeout (30)"),
+    ],
+)
+def test_a_seconds_option_of_the_wrong_type_is_refused_with_the_allowed_range(
+    given: dict[str, Any], allowed: str
+) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(**given)
+
+    assert allowed in str(raised.value)
+
+
+def test_invalid_transport_option_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse(visibility_timeout=-1)
+
+
+def test_extension_off_skips_the_extension_checks() -> None:
+    options = parse(
+        visibility_extension=False,
+        visibility_timeout=0,
+        visibility_extension_threshold="x",
+        visibility_extension_interval=-1,
+        visibility_extension_max=1,
+    )
+
+    assert options.visibility_extension is False
+    assert options.visibility_timeout == 0
+    assert options.visibility_extension_max is None
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"visibility_timeout": -1},
+        {"visibility_timeout": 43201},
+        {"release_delay": -1},
+        {"release_on_failure": "yes"},
+    ],
+)
+def test_extension_off_still_checks_the_other_options(given: dict[str, Any]) -> None:
+    with pytest.raises(InvalidTransportOption):
+        parse(visibility_extension=False, **given)
+
+
+def test_visibility_extension_max_of_none_means_no_limit() -> None:
+    assert parse(visibility_extension_max=None).visibility_extension_max is None
+
+
+@pytest.mark.parametrize(("low", "high"), [(30, 30), (30, 43200)])
+def test_visibility_extension_max_bounds_are_inclusive(low: int, high: int) -> None:
+    options = parse(visibility_timeout=low, visibility_extension_max=high)
+
+    assert options.visibility_extension_max == high
+
+
+def test_visibility_timeout_bounds_are_inclusive() -> None:
+    assert parse(visibility_timeout=43200).visibility_timeout == 43200
+    assert parse(visibility_timeout=0, visibility_extension=False).visibility_timeout == 0
+
+
+@pytest.mark.parametrize(
+    ("misspelt", "meant"),
+    [
+        ("visiblity_timeout", "visibility_timeout"),
+        ("release_on_failur", "release_on_failure"),
+        ("visibility_extention_threshold", "visibility_extension_threshold"),
+        ("release_delays", "release_delay"),
+        ("visibility_extension_intervall", "visibility_extension_interval"),
+    ],
+)
+def test_a_near_miss_of_an_option_name_warns_naming_the_intended_option(
+    caplog: pytest.LogCaptureFixture, misspelt: str, meant: str
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=OPTIONS_LOGGER):
+        options = parse(**{misspelt: 300})
+
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert repr(misspelt) in warnings[0].getMessage()
+    assert repr(meant) in warnings[0].getMessage()
+    # Ignored, not applied.
+    assert options == HeartbeatOptions()
+
+
+def test_kombus_own_sqs_options_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    kombu_options = {
+        "region": "eu-west-1",
+        "wait_time_seconds": 20,
+        "predefined_queues": {"celery": {"url": "https://sqs.example/celery"}},
+        "polling_interval": 1,
+        "queue_name_prefix": "dev-",
+        "sts_role_arn": "arn:aws:iam::123:role/x",
+        "sts_token_timeout": 900,
+        "backoff_policy": {1: 10},
+        "backoff_tasks": ["tasks.crunch"],
+        "fetch_message_attributes": ["All"],
+        "is_secure": True,
+        "supports_fanout": False,
+        "queue_tags": {},
+        "client-config": {},
+    }
+    with caplog.at_level(logging.DEBUG, logger=OPTIONS_LOGGER):
+        options = parse(visibility_timeout=60, **kombu_options)
+
+    assert [r for r in caplog.records if r.name == OPTIONS_LOGGER] == []
+    assert options.visibility_timeout == 60
+
+
+@pytest.mark.parametrize(
+    ("receive_count", "delay"),
+    [(0, 5), (1, 5), (2, 60), (3, 600), (4, 600), (1000, 600), (-3, 5)],
+)
+def test_release_delay_for_follows_the_schedule_and_repeats_its_last_step(
+    receive_count: int, delay: int
+) -> None:
+    options = parse(release_delay=[5, 60, 600])
+
+    assert options.release_delay_for(receive_count) == delay
+
+
+@pytest.mark.parametrize("receive_count", [0, 1, 2, 50])
+def test_release_delay_for_a_single_delay_is_always_that_delay(receive_count: int) -> None:
+    assert parse(release_delay=45).release_delay_for(receive_count) == 45

@@ -1,0 +1,307 @@
+"""The SQS layer: one ChangeMessageVisibilityBatch call, every outcome an EntryResult.
+
+A real botocore client with a ``Stubber`` on the derived renewal client: no network.
+Network faults are raised from botocore's ``before-send`` hook, where a real one would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import botocore.session
+import pytest
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+from botocore.stub import Stubber
+
+from celery_sqs_heartbeat.leases import EntryResult, Lease
+from celery_sqs_heartbeat.sqs import SQSQueue, renewal_client
+
+from .conftest import make_lease
+
+QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
+OPERATION = "change_message_visibility_batch"
+BEFORE_SEND = "before-send.sqs.ChangeMessageVisibilityBatch"
+
+#: Source clients share a session, so its service model is loaded once: the suite stays fast.
+_SESSION = botocore.session.Session()
+
+
+def sqs_client(access_key: str = "x", config: Config | None = None, **kwargs: Any) -> BaseClient:
+    kwargs.setdefault("region_name", "us-east-1")
+    return _SESSION.create_client(
+        "sqs",
+        aws_access_key_id=access_key,
+        aws_secret_access_key="x",
+        config=config,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def source() -> BaseClient:
+    """The kombu client renewals derive from; one for the module (deriving is slow)."""
+    return sqs_client()
+
+
+@pytest.fixture
+def stub(source: BaseClient) -> Iterator[Stubber]:
+    """The stubber of the client renewals actually go through."""
+    with Stubber(renewal_client(source)) as stubber:
+        yield stubber
+        stubber.assert_no_pending_responses()
+
+
+@pytest.fixture
+def sqs_queue(source: BaseClient) -> SQSQueue:
+    return SQSQueue("jobs", QUEUE_URL, lambda: source)
+
+
+def leases(count: int) -> list[Lease]:
+    return [make_lease("jobs", task_id=f"t{i}", receipt_handle=f"handle-{i}") for i in range(count)]
+
+
+def request_for(entries: list[tuple[Lease, int]]) -> dict[str, Any]:
+    return {
+        "QueueUrl": QUEUE_URL,
+        "Entries": [
+            {"Id": str(i), "ReceiptHandle": lease.receipt_handle, "VisibilityTimeout": seconds}
+            for i, (lease, seconds) in enumerate(entries)
+        ],
+    }
+
+
+def failed(entry_id: str, code: str) -> dict[str, Any]:
+    return {"Id": entry_id, "SenderFault": True, "Code": code, "Message": f"{code} happened"}
+
+
+# --- the request and per-entry answers ------------------------------------------------------
+
+
+def test_all_successful_entries_are_ok(stub: Stubber, sqs_queue: SQSQueue) -> None:
+    entries = [(lease, 30) for lease in leases(3)]
+    stub.add_response(
+        OPERATION,
+        {"Successful": [{"Id": "0"}, {"Id": "1"}, {"Id": "2"}], "Failed": []},
+        request_for(entries),
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert results == {lease: (EntryResult.OK, "") for lease, _ in entries}
+
+
+def test_ten_entries_go_out_in_one_call_with_ids_0_to_9_and_their_own_lengths(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    entries = [(lease, 20 + i) for i, lease in enumerate(leases(10))]
+    expected = request_for(entries)
+    assert [entry["Id"] for entry in expected["Entries"]] == [str(i) for i in range(10)]
+    stub.add_response(
+        OPERATION,
+        {"Successful": [{"Id": str(i)} for i in range(10)], "Failed": []},
+        expected,
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert len(results) == 10
+    assert all(result == (EntryResult.OK, "") for result in results.values())
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "MessageNotInflight",
+        "ReceiptHandleIsInvalid",
+        "InvalidParameterValue",
+        "AWS.SimpleQueueService.MessageNotInflight",
+    ],
+)
+def test_an_entry_failing_because_the_handle_is_gone_is_lost(
+    stub: Stubber, sqs_queue: SQSQueue, code: str
+) -> None:
+    ok, gone, also_ok = leases(3)
+    entries = [(ok, 30), (gone, 30), (also_ok, 30)]
+    stub.add_response(
+        OPERATION,
+        {"Successful": [{"Id": "2"}, {"Id": "0"}], "Failed": [failed("1", code)]},
+        request_for(entries),
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert results[ok] == (EntryResult.OK, "")
+    assert results[also_ok] == (EntryResult.OK, "")
+    kind, reason = results[gone]
+    assert kind is EntryResult.LOST
+    assert code.rsplit(".", 1)[-1] in reason
+    assert f"{code} happened" in reason
+
+
+@pytest.mark.parametrize("code", ["InternalError", "ServiceUnavailable", "Throttling"])
+def test_an_entry_failing_for_another_reason_is_transient(
+    stub: Stubber, sqs_queue: SQSQueue, code: str
+) -> None:
+    ok, failing = leases(2)
+    entries = [(ok, 30), (failing, 30)]
+    stub.add_response(
+        OPERATION,
+        {"Successful": [{"Id": "0"}], "Failed": [failed("1", code)]},
+        request_for(entries),
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert results[ok] == (EntryResult.OK, "")
+    assert results[failing][0] is EntryResult.TRANSIENT
+
+
+# --- whole-call failures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("Throttling", 400),
+        ("RequestThrottled", 403),
+        ("InternalError", 500),
+        ("ServiceUnavailable", 503),
+        ("AccessDenied", 403),
+    ],
+)
+def test_a_failed_call_is_transient_for_every_entry(
+    stub: Stubber, sqs_queue: SQSQueue, code: str, status: int
+) -> None:
+    entries = [(lease, 30) for lease in leases(4)]
+    stub.add_client_error(OPERATION, service_error_code=code, http_status_code=status)
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert set(results) == {lease for lease, _ in entries}
+    for kind, reason in results.values():
+        assert kind is EntryResult.TRANSIENT
+        assert code in reason
+
+
+@pytest.mark.parametrize("code", ["QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"])
+def test_a_call_to_a_queue_that_is_gone_loses_every_entry(
+    stub: Stubber, sqs_queue: SQSQueue, code: str
+) -> None:
+    entries = [(lease, 30) for lease in leases(3)]
+    stub.add_client_error(OPERATION, service_error_code=code, http_status_code=400)
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert set(results) == {lease for lease, _ in entries}
+    assert {kind for kind, _ in results.values()} == {EntryResult.LOST}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        EndpointConnectionError(endpoint_url=QUEUE_URL),
+        ReadTimeoutError(endpoint_url=QUEUE_URL),
+        ConnectTimeoutError(endpoint_url=QUEUE_URL),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+    ids=lambda fault: type(fault).__name__,
+)
+def test_a_network_fault_is_transient_never_raised_and_not_retried(
+    source: BaseClient, sqs_queue: SQSQueue, fault: Exception
+) -> None:
+    attempts: list[Any] = []
+
+    def fail(request: Any, **_: Any) -> None:
+        attempts.append(request)
+        raise fault
+
+    events = renewal_client(source).meta.events
+    events.register(BEFORE_SEND, fail, unique_id="network-fault")
+    entries = [(lease, 30) for lease in leases(2)]
+    try:
+        results = sqs_queue.change_visibility(entries)
+    finally:
+        events.unregister(BEFORE_SEND, unique_id="network-fault")
+
+    assert set(results) == {lease for lease, _ in entries}
+    assert {kind for kind, _ in results.values()} == {EntryResult.TRANSIENT}
+    assert len(attempts) == 1
+
+
+# --- the renewal client ---------------------------------------------------------------------
+
+
+def test_the_renewal_client_fails_fast_and_keeps_the_source_configuration() -> None:
+    source = sqs_client(
+        region_name="eu-west-1",
+        endpoint_url="http://localhost:9324",
+        config=Config(
+            connect_timeout=60,
+            read_timeout=60,
+            retries={"max_attempts": 10, "mode": "standard"},
+            max_pool_connections=3,
+        ),
+    )
+
+    derived = renewal_client(source)
+
+    assert derived is not source
+    assert derived.meta.config.connect_timeout == 5
+    assert derived.meta.config.read_timeout == 5
+    assert derived.meta.config.retries["total_max_attempts"] == 1
+    assert derived.meta.config.max_pool_connections == 3
+    assert derived.meta.region_name == "eu-west-1"
+    assert derived.meta.endpoint_url == "http://localhost:9324"
+
+
+def test_the_renewal_client_shares_the_source_credentials_object(source: BaseClient) -> None:
+    derived = renewal_client(source)
+
+    assert derived._request_signer._credentials is source._request_signer._credentials
+
+
+def test_renewals_are_signed_with_the_source_credentials() -> None:
+    source = sqs_client(access_key="AKIDFROMSOURCE")
+    sent: list[Any] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        sent.append(request)
+        raise EndpointConnectionError(endpoint_url=QUEUE_URL)
+
+    renewal_client(source).meta.events.register(BEFORE_SEND, capture)
+
+    SQSQueue("jobs", QUEUE_URL, lambda: source).change_visibility([(leases(1)[0], 30)])
+
+    (request,) = sent
+    authorization = request.headers["Authorization"]
+    if isinstance(authorization, bytes):
+        authorization = authorization.decode()
+    assert "Credential=AKIDFROMSOURCE/" in authorization
+
+
+def test_the_renewal_client_is_made_once_per_source() -> None:
+    first, second = sqs_client(), sqs_client()
+
+    assert renewal_client(first) is renewal_client(first)
+    assert renewal_client(first) is not renewal_client(second)
+
+
+def test_the_client_source_is_asked_on_every_call() -> None:
+    old, new = sqs_client(), sqs_client()
+    current = [old]
+    sqs_queue = SQSQueue("jobs", QUEUE_URL, lambda: current[0])
+    (lease,) = leases(1)
+    ok = {"Successful": [{"Id": "0"}], "Failed": []}
+
+    with Stubber(renewal_client(old)) as old_stub, Stubber(renewal_client(new)) as new_stub:
+        old_stub.add_response(OPERATION, ok)
+        new_stub.add_response(OPERATION, ok)
+        sqs_queue.change_visibility([(lease, 30)])
+        current[0] = new
+        sqs_queue.change_visibility([(lease, 30)])
+
+        old_stub.assert_no_pending_responses()
+        new_stub.assert_no_pending_responses()
