@@ -100,7 +100,14 @@ class VisibilityExtensionManager:
             self._warn_capped(lease)
         for batch in batches:
             queue = cast(LeaseQueue, batch.queue)
-            results = queue.change_visibility(batch.entries)
+            try:
+                results = queue.change_visibility(batch.entries)
+            except Exception as exc:
+                # An answer nobody foresaw must not strand the leases as "being renewed",
+                # nor stop the other queues' batches: it counts as a failed call.
+                logger.exception("Renewing SQS leases on queue %s failed", queue.name)
+                failed = (EntryResult.TRANSIENT, repr(exc))
+                results = {lease: failed for lease, _ in batch.entries}
             with self._lock:
                 settlement = self._book.settle(batch, results, self.clock())
                 if settlement.releases:
@@ -195,7 +202,11 @@ class VisibilityExtensionManager:
                 self._changed.notify_all()
 
     def _send_release_batch(self, queue: LeaseQueue, batch: Sequence[Release]) -> None:
-        results = queue.change_visibility([(r.lease, r.delay) for r in batch])
+        try:
+            results = queue.change_visibility([(r.lease, r.delay) for r in batch])
+        except Exception:
+            logger.exception("Releasing SQS messages on queue %s failed", queue.name)
+            results = {}
         for release in batch:
             outcome, detail = results.get(release.lease, (EntryResult.TRANSIENT, "no answer"))
             if outcome is EntryResult.OK:

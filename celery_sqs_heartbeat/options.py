@@ -83,13 +83,19 @@ class HeartbeatOptions:
             options,
             "visibility_extension_threshold",
             min(10.0, visibility_timeout / 2),
+            f"greater than 0 and less than visibility_timeout ({visibility_timeout})",
         )
         if not 0 < threshold < visibility_timeout:
             raise InvalidTransportOption(
                 f"visibility_extension_threshold={threshold!r}: must be greater than 0 and "
                 f"less than visibility_timeout ({visibility_timeout})"
             )
-        interval = _seconds(options, "visibility_extension_interval", min(1.0, threshold / 2))
+        interval = _seconds(
+            options,
+            "visibility_extension_interval",
+            min(1.0, threshold / 2),
+            f"greater than 0 and at most visibility_extension_threshold ({threshold})",
+        )
         if not 0 < interval <= threshold:
             raise InvalidTransportOption(
                 f"visibility_extension_interval={interval!r}: must be greater than 0 and at "
@@ -97,7 +103,13 @@ class HeartbeatOptions:
             )
         maximum = None
         if options.get("visibility_extension_max") is not None:
-            maximum = _seconds(options, "visibility_extension_max", 0.0)
+            maximum = _seconds(
+                options,
+                "visibility_extension_max",
+                0.0,
+                f"None or from visibility_timeout ({visibility_timeout}) to "
+                f"{SQS_MAX_HOLD_SECONDS} seconds",
+            )
             if not visibility_timeout <= maximum <= SQS_MAX_HOLD_SECONDS:
                 raise InvalidTransportOption(
                     f"visibility_extension_max={maximum!r}: must be None or from "
@@ -138,10 +150,10 @@ def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _seconds(options: Mapping[str, Any], name: str, default: float) -> float:
+def _seconds(options: Mapping[str, Any], name: str, default: float, allowed: str) -> float:
     value = options.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidTransportOption(f"{name}={value!r}: must be a number of seconds")
+        raise InvalidTransportOption(f"{name}={value!r}: must be a number of seconds, {allowed}")
     return float(value)
 
 

@@ -435,11 +435,6 @@ def test_an_exception_in_check_is_logged_and_the_loop_goes_on(
     assert isinstance(errors[0].exc_info[1], RuntimeError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check() leaves every lease of its batches marked renewing when a "
-    "change_visibility call raises, so they are never renewed again (manager.py check)",
-)
 def test_leases_are_renewed_again_after_a_check_that_raised(
     manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
 ) -> None:
@@ -456,11 +451,6 @@ def test_leases_are_renewed_again_after_a_check_that_raised(
     assert queue.calls == [[(lease, 30)], [(lease, 30)]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a change_visibility call that raises ends check() before the other queues' "
-    "batches are sent, and leaves their leases marked renewing (manager.py check)",
-)
 def test_a_queue_whose_call_raises_does_not_stop_other_queues_renewals(
     manager: VisibilityExtensionManager, clock: FakeClock
 ) -> None:

@@ -169,11 +169,6 @@ def test_a_bad_option_is_refused_with_its_name_value_and_what_is_allowed(
         assert expected in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a wrong type for a seconds option says only 'must be a number of seconds', "
-    "not the allowed range (options.py _seconds)",
-)
 @pytest.mark.parametrize(
     ("given", "allowed"),
     [
