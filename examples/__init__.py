@@ -1,0 +1,1 @@
+"""Runnable examples; a package so ``python -m examples.spark_pipeline.demo`` works."""
