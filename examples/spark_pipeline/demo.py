@@ -58,6 +58,10 @@ DEFAULT_ROWS = 5_000_000
 DEFAULT_LEASE = 10
 WORKER_READY_TIMEOUT = 120.0
 POLL_INTERVAL = 0.5
+#: The run is over once nothing runs and the queue stays empty this long. A moment of
+#: both is not enough: a duplicate run whose message another run already deleted sends
+#: the next step's message only after it has finished.
+SETTLE_SECONDS = 5.0
 #: Print a status line when nothing else happened for this long.
 QUIET_STATUS_AFTER = 15.0
 #: The stock run can keep redelivering for a long time; it gets this multiple of the
@@ -417,22 +421,27 @@ def run_pipeline(plan: RunPlan, transport: str, budget: float) -> Run:
         sender.close()
         print(f"  pipeline sent: {args.rows:,} orders -> {data_dir}", flush=True)
         progress = Progress(label, started, args.lease)
-        last_empty_check = 0.0
+        idle_since: float | None = None
         while True:
             time.sleep(POLL_INTERVAL)
             worker.check_alive()
             progress.update(record_dir)
             running = _running(record_dir)
             progress.quiet_status(running)
-            if not running and progress.receives and time.time() - last_empty_check > 2:
-                last_empty_check = time.time()
-                if _queue_is_empty(client, settings.queue):
-                    break
+            idle = (
+                bool(progress.receives) and not running and _queue_is_empty(client, settings.queue)
+            )
+            if not idle:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.time()
+            elif time.time() - idle_since >= SETTLE_SECONDS:
+                break
             if time.time() - started > budget:
                 timed_out = True
                 progress.say(time.time(), "", f"time limit of {budget:.0f} s reached, stopping")
                 break
-        finished = time.time()
+        finished = idle_since or time.time()
     finally:
         worker.stop(grace=5.0 if timed_out else 30.0)
         _delete_queue(client, settings.queue)

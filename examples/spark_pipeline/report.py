@@ -248,6 +248,10 @@ def load_run(directory: Path, steps: tuple[str, ...]) -> Run:
     )
 
 
+def _count(number: int, singular: str, plural: str | None = None) -> str:
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -291,19 +295,19 @@ def format_run(run: Run) -> str:
         reasons = []
         if run.duplicate_executions():
             reasons.append(
-                f"{run.duplicate_executions()} duplicate executions "
+                f"{_count(run.duplicate_executions(), 'duplicate execution')} "
                 f"({run.duplicated_seconds():.0f} s of repeated Spark work)"
             )
         failed = sum(1 for e in run.executions if e.status == "failed")
         if failed:
-            reasons.append(f"{failed} executions failed (see worker.log)")
+            reasons.append(f"{_count(failed, 'execution')} failed (see worker.log)")
         if not run.completed():
             reasons.append("the pipeline did not finish")
         if run.timed_out:
             reasons.append("stopped at the time limit")
         extra_receives = sum(max(0, run.receives(s) - 1) for s in run.steps)
         if extra_receives:
-            reasons.append(f"{extra_receives} redeliveries")
+            reasons.append(_count(extra_receives, "redelivery", "redeliveries"))
         lines.append(f"  EXACTLY ONCE: no - {'; '.join(reasons) or 'see the counts above'}")
     lines.append(f"  {_sessions_line(run)}")
     tables = run.output_tables()
@@ -321,13 +325,19 @@ def _sessions_line(run: Run) -> str:
     reused = sum(1 for e in run.executions if e.session_reused)
     return (
         f"Spark sessions: {sum(started.values())} started "
-        f"(in {len(started)} worker process{'es' if len(started) != 1 else ''}), "
-        f"reused by {reused} later task{'s' if reused != 1 else ''}"
+        f"(in {_count(len(started), 'worker process', 'worker processes')}), "
+        f"reused by {_count(reused, 'later task')}"
     )
 
 
 def format_comparison(heartbeat: Run, stock: Run) -> str:
-    """Both transports side by side: how often each step ran and was delivered."""
+    """Both transports side by side: how often each step ran and was delivered, and
+    whether they produced the same output.
+
+    The data is a pure function of ``--rows`` and ``--seed``, so both runs must write
+    the same row counts; a difference means duplicate runs corrupted the output (one
+    run reading files that another was overwriting).
+    """
     lines = [
         f"Same pipeline, same {heartbeat.lease} s lease, side by side",
         "",
@@ -350,4 +360,15 @@ def format_comparison(heartbeat: Run, stock: Run) -> str:
             f"{run.duplicated_seconds():>6.0f} s repeated Spark work, "
             f"{run.finished - run.started:>6.1f} s wall clock, {finished}"
         )
+    lines += ["", "  Rows written (same rows and seed: they must match)", ""]
+    ours, theirs = heartbeat.output_tables(), stock.output_tables()
+    for name in {**ours, **theirs}:
+        mine = ours.get(name, {}).get("rows")
+        other = theirs.get(name, {}).get("rows")
+        flag = "" if mine == other else "   << DIFFERENT"
+        lines.append(f"  {name:<22}{_rows(mine):>14}{'':<10}{_rows(other):>14}{flag}")
     return "\n".join(lines)
+
+
+def _rows(count: int | None) -> str:
+    return "missing" if count is None else f"{count:,}"

@@ -202,11 +202,25 @@ def test_comparison_puts_both_transports_side_by_side() -> None:
         make_run("heartbeat", heartbeat_records()), make_run("stock", stock_records())
     )
     lines = text.splitlines()
-    assert [line.split() for line in lines if line.strip().startswith("generate")] == [
+    assert [line.split() for line in lines if line.strip().startswith("generate ")] == [
         ["generate", "1", "1", "2", "2"]
     ]
     assert re.search(r"kombu stock SQS\s+2 duplicate executions", text)
     assert re.search(r"celery_sqs_heartbeat\s+0 duplicate executions", text)
+    # The stock run's fake executions wrote no tables: every output is flagged.
+    assert re.search(r"generate_table\s+100\s+missing\s+<< DIFFERENT", text)
+
+
+def test_comparison_flags_outputs_whose_row_counts_differ() -> None:
+    executions, worker, server = heartbeat_records()
+    corrupted = [dict(r) for r in executions]
+    corrupted[-1] = {**corrupted[-1], "tables": {"aggregate_table": {"path": "/x", "rows": 7}}}
+    text = format_comparison(
+        make_run("heartbeat", (executions, worker, server)),
+        make_run("stock", (corrupted, worker, server)),
+    )
+    assert re.search(r"transform_table\s+200\s+200\n", text)
+    assert re.search(r"aggregate_table\s+300\s+7\s+<< DIFFERENT", text)
 
 
 def test_a_run_directory_loads_back(tmp_path: Path) -> None:
