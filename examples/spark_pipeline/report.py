@@ -119,14 +119,33 @@ class Run:
                 total += end - execution.start
         return total
 
+    def _successful(self, step: str) -> list[Execution]:
+        """The step's successful executions, in the order they finished."""
+        done = [e for e in self.executions_of(step) if e.status == "ok"]
+        return sorted(done, key=lambda e: e.end or 0.0)
+
     def output_tables(self) -> dict[str, dict[str, Any]]:
-        """The tables the successful executions wrote, later steps last."""
+        """The tables as the last successful write of each left them, in step order."""
         tables: dict[str, dict[str, Any]] = {}
         for step in self.steps:
-            for execution in self.executions_of(step):
-                if execution.status == "ok":
-                    tables.update(execution.tables)
+            for execution in self._successful(step):
+                tables.update(execution.tables)
         return tables
+
+    def row_counts_written(self, table: str) -> list[int]:
+        """Every distinct row count a successful execution wrote for ``table``.
+
+        One run of a step writes one count. Several successful runs writing different
+        counts from the same input means they read or wrote each other's half-written
+        files.
+        """
+        counts: list[int] = []
+        for step in self.steps:
+            for execution in self._successful(step):
+                rows = execution.tables.get(table, {}).get("rows")
+                if rows is not None and rows not in counts:
+                    counts.append(rows)
+        return counts
 
 
 def step_of(task_name: str) -> str:
@@ -361,12 +380,16 @@ def format_comparison(heartbeat: Run, stock: Run) -> str:
             f"{run.finished - run.started:>6.1f} s wall clock, {finished}"
         )
     lines += ["", "  Rows written (same rows and seed: they must match)", ""]
+    lines.append(f"  {'table':<22}{'celery_sqs_heartbeat':>20}{'kombu stock SQS':>18}")
     ours, theirs = heartbeat.output_tables(), stock.output_tables()
     for name in {**ours, **theirs}:
         mine = ours.get(name, {}).get("rows")
         other = theirs.get(name, {}).get("rows")
         flag = "" if mine == other else "   << DIFFERENT"
-        lines.append(f"  {name:<22}{_rows(mine):>14}{'':<10}{_rows(other):>14}{flag}")
+        others = [c for c in stock.row_counts_written(name) if c != other]
+        if others:
+            flag += f"   << also written as {', '.join(_rows(c) for c in others)}"
+        lines.append(f"  {name:<22}{_rows(mine):>20}{_rows(other):>18}{flag}")
     return "\n".join(lines)
 
 

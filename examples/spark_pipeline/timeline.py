@@ -116,7 +116,15 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
                 color=colour,
             )
             if execution.status == "failed":
-                ax.text(running[1] - origin, y, " failed", va="center", fontsize=7, color="#B00000")
+                ax.annotate(
+                    "failed",
+                    (running[1] - origin, y),
+                    xytext=(8, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                    color="#B00000",
+                )
             for start, finish in exposed_intervals(running, hidden, message.deleted):
                 ax.barh(
                     y,

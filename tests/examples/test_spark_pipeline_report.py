@@ -223,6 +223,22 @@ def test_comparison_flags_outputs_whose_row_counts_differ() -> None:
     assert re.search(r"aggregate_table\s+300\s+7\s+<< DIFFERENT", text)
 
 
+def test_comparison_flags_tables_written_with_several_row_counts() -> None:
+    """Two successful runs of one step writing different counts: one read the other's
+    half-written files. The last write is what is on disk."""
+    executions, worker, server = stock_records()
+    executions = [dict(r) for r in executions]
+    written = iter([10, 12])
+    for record in executions:
+        if record["event"] == "end" and record["task_id"] == "t":
+            record["tables"] = {"clean": {"path": "/c", "rows": next(written)}}
+    stock = make_run("stock", (executions, worker, server))
+    assert stock.row_counts_written("clean") == [10, 12]
+    assert stock.output_tables()["clean"]["rows"] == 12
+    text = format_comparison(make_run("heartbeat", heartbeat_records()), stock)
+    assert re.search(r"clean\s+missing\s+12\s+<< DIFFERENT\s+<< also written as 10", text)
+
+
 def test_a_run_directory_loads_back(tmp_path: Path) -> None:
     executions, worker, server = heartbeat_records()
     for record in executions:
