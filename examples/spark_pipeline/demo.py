@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,6 @@ class SQSTarget:
     #: Only for the embedded server, whose throwaway keys can go in the broker URL.
     credentials: tuple[str, str] | None = None
     server: StrictSQSServer | None = None
-    aws_env: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.server is not None:
@@ -173,19 +172,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def sqs_target(args: argparse.Namespace) -> Iterator[SQSTarget]:
     """The embedded server for the duration of the demo, unless real SQS was asked for."""
     if args.region or args.endpoint_url:
-        aws_env = {}
         if args.aws_access_key_id:
-            aws_env = {
-                "AWS_ACCESS_KEY_ID": args.aws_access_key_id,
-                "AWS_SECRET_ACCESS_KEY": args.aws_secret_access_key,
-            }
+            # Where boto3 looks anyway: this process's sender and client, and the worker,
+            # which inherits the environment, all find them without keys in a URL.
+            os.environ["AWS_ACCESS_KEY_ID"] = args.aws_access_key_id
+            os.environ["AWS_SECRET_ACCESS_KEY"] = args.aws_secret_access_key
+            os.environ.pop("AWS_SESSION_TOKEN", None)
         region = (
             args.region
             or os.environ.get("AWS_REGION")
             or os.environ.get("AWS_DEFAULT_REGION")
             or "us-east-1"
         )
-        yield SQSTarget(region=region, endpoint_url=args.endpoint_url, aws_env=aws_env)
+        yield SQSTarget(region=region, endpoint_url=args.endpoint_url)
         return
     with StrictSQSServer() as server:
         yield SQSTarget(
@@ -395,7 +394,6 @@ def run_pipeline(plan: RunPlan, transport: str, budget: float) -> Run:
     )
     env = {
         **os.environ,
-        **target.aws_env,
         **settings.to_env(),
         records.RECORD_DIR_ENV: str(record_dir.resolve()),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),

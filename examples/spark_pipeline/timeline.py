@@ -96,10 +96,15 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
     labels: list[str] = []
     for row, message in enumerate(run.messages):
         colour = STEP_COLOURS[steps.index(message.step) % len(STEP_COLOURS)]
-        hidden = lease_intervals(message, run.lease, run.finished)
+        executions = by_message[message.message_id]
+        # Without the SQS server's log (real SQS) the delete time is unknown; the
+        # message's last execution ending is the closest thing to its ack.
+        gone = message.deleted
+        if gone is None:
+            gone = max((e.end or run.finished for e in executions), default=run.finished)
+        hidden = lease_intervals(message, run.lease, gone)
         for start, finish in hidden:
             ax.barh(row, finish - start, left=start - origin, height=0.8, color=LEASE_COLOUR)
-        executions = by_message[message.message_id]
         # Executions of one message overlap in time, so each gets its own lane.
         lane = 0.5 / max(1, len(executions))
         for index, execution in enumerate(executions):
@@ -125,7 +130,7 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
                     fontsize=7,
                     color="#B00000",
                 )
-            for start, finish in exposed_intervals(running, hidden, message.deleted):
+            for start, finish in exposed_intervals(running, hidden, gone):
                 ax.barh(
                     y,
                     finish - start,
