@@ -24,6 +24,11 @@ if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
 fi
 
 echo "Installing celery-sqs-heartbeat with the spark, demo and testing extras into $(dirname "$(dirname "$(command -v python)")") ..."
-python -m pip install --quiet --disable-pip-version-check -e '.[spark,demo,testing]'
+pip_log="$(mktemp)"
+if ! python -m pip install --disable-pip-version-check -e '.[spark,demo,testing]' >"$pip_log" 2>&1; then
+    cat "$pip_log" >&2
+    exit 1
+fi
+rm -f "$pip_log"
 
 exec python -m examples.spark_pipeline.demo "$@"
