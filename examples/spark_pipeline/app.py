@@ -158,8 +158,8 @@ def _recorded(task: Task, step: str) -> Iterator[Tables]:
     base = {
         "task_id": task.request.id,
         "step": step,
+        "worker": task.request.hostname or socket.gethostname(),
         "pid": os.getpid(),
-        "host": socket.gethostname(),
     }
     if directory is not None:
         records.append(
@@ -262,9 +262,9 @@ def _record_worker_event(record: dict[str, Any]) -> None:
 
 
 @worker_ready.connect
-def _on_ready(**_: Any) -> None:
+def _on_ready(sender: Any, **_: Any) -> None:
     """Tell the demo the worker consumes, so it knows when to start the clock."""
-    _record_worker_event({"event": "worker_ready", "pid": os.getpid()})
+    _record_worker_event({"event": "worker_ready", "worker": sender.hostname, "pid": os.getpid()})
 
 
 @task_received.connect

@@ -130,7 +130,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--concurrency",
         type=int,
         default=2,
-        help="worker pool processes (default 2: a free one is what picks up a redelivery)",
+        help="pool processes per worker (default 2: a free one is what picks up a redelivery)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="Celery workers sharing the queue, as on that many machines (default 1)",
     )
     parser.add_argument(
         "--spark-master",
@@ -161,8 +167,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sqs.add_argument("--aws-access-key-id")
     sqs.add_argument("--aws-secret-access-key")
     args = parser.parse_args(argv)
-    if args.rows < 1 or args.lease < 2 or args.concurrency < 1:
-        parser.error("--rows and --concurrency must be positive and --lease at least 2")
+    if args.rows < 1 or args.lease < 2 or args.concurrency < 1 or args.workers < 1:
+        parser.error("--rows, --concurrency and --workers must be positive, --lease at least 2")
     if bool(args.aws_access_key_id) != bool(args.aws_secret_access_key):
         parser.error("--aws-access-key-id and --aws-secret-access-key go together")
     return args
@@ -203,7 +209,12 @@ class Worker:
     """
 
     def __init__(
-        self, settings: PipelineSettings, env: dict[str, str], log: Path, concurrency: int
+        self,
+        name: str,
+        settings: PipelineSettings,
+        env: dict[str, str],
+        log: Path,
+        concurrency: int,
     ) -> None:
         self.log = log
         command = [
@@ -223,7 +234,7 @@ class Worker:
             "--without-mingle",
             "--without-heartbeat",
             "--hostname",
-            f"{settings.transport}-{settings.queue}@%h",
+            f"{name}@%h",
             "--queues",
             settings.queue,
         ]
@@ -243,6 +254,11 @@ class Worker:
         if code is not None:
             raise DemoError(f"the Celery worker exited with {code}:\n{self.log_tail()}")
 
+    def stop_signal(self) -> None:
+        """Ask for a warm shutdown without waiting: several workers stop side by side."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log.read_text(errors="replace")
@@ -250,15 +266,23 @@ class Worker:
             return "(no worker log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, grace: float = 30.0) -> None:
-        """Warm shutdown (running tasks finish), then kill what is left of the group."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=grace)
+    def stop(self, deadline: float) -> None:
+        """After :meth:`stop_signal`: wait for the warm shutdown until ``deadline`` (a
+        ``time.time()``), then kill what is left of the group."""
+        with suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=max(0.0, deadline - time.time()))
         with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+def stop_workers(workers: Sequence[Worker], grace: float) -> None:
+    """Warm shutdown of every worker at once (running tasks finish), killed after ``grace``."""
+    for worker in workers:
+        worker.stop_signal()
+    deadline = time.time() + grace
+    for worker in workers:
+        worker.stop(deadline)
 
 
 class Progress:
@@ -303,7 +327,7 @@ class Progress:
             self.say(when, step, text)
         elif event == "start":
             how = "reusing its Spark session" if record["session_reused"] else "starting Spark"
-            self.say(when, step, f"started in pid {record['pid']}, {how}")
+            self.say(when, step, f"started on {record['worker']} pid {record['pid']}, {how}")
         elif event == "end":
             tables = ", ".join(f"{n} {t['rows']:,}" for n, t in record["tables"].items())
             self.say(when, step, f"finished {record['status']}" + (f": {tables}" if tables else ""))
@@ -349,18 +373,17 @@ def _running(directory: Path) -> dict[str, float]:
     return {e.step: e.start for e in executions if e.end is None}
 
 
-def _wait_ready(worker: Worker, directory: Path) -> None:
+def _wait_ready(workers: Sequence[Worker], directory: Path) -> None:
     deadline = time.time() + WORKER_READY_TIMEOUT
     while time.time() < deadline:
-        worker.check_alive()
-        if any(
-            r["event"] == "worker_ready" for r in records.read(directory / records.WORKER_EVENTS)
-        ):
+        for worker in workers:
+            worker.check_alive()
+        events = records.read(directory / records.WORKER_EVENTS)
+        if sum(r["event"] == "worker_ready" for r in events) >= len(workers):
             return
         time.sleep(POLL_INTERVAL)
-    raise DemoError(
-        f"the worker was not ready after {WORKER_READY_TIMEOUT:.0f} s:\n{worker.log_tail()}"
-    )
+    tails = "\n".join(worker.log_tail(10) for worker in workers)
+    raise DemoError(f"the workers were not ready after {WORKER_READY_TIMEOUT:.0f} s:\n{tails}")
 
 
 @dataclass
@@ -401,17 +424,21 @@ def run_pipeline(plan: RunPlan, transport: str, budget: float) -> Run:
     if args.spark_master:
         env["SPARK_MASTER"] = args.spark_master
     label = "heartbeat" if transport == "heartbeat" else "stock"
+    names = [f"{transport}-{index}" for index in range(1, args.workers + 1)]
     print(
-        f"\n== {label}: worker with {settings.celery_config()['broker_transport']!r}, "
-        f"lease {args.lease} s, {args.concurrency} pool processes; "
-        f"log in {directory / 'worker.log'}",
+        f"\n== {label}: {args.workers} worker{'s' if args.workers > 1 else ''} with "
+        f"{settings.celery_config()['broker_transport']!r}, lease {args.lease} s, "
+        f"{args.concurrency} pool processes each; logs in {directory}/{names[0]}.log"
+        + (" ..." if len(names) > 1 else ""),
         flush=True,
     )
-    worker = Worker(settings, env, directory / "worker.log", args.concurrency)
+    workers = [
+        Worker(name, settings, env, directory / f"{name}.log", args.concurrency) for name in names
+    ]
     client = target.client()
     timed_out = False
     try:
-        _wait_ready(worker, record_dir)
+        _wait_ready(workers, record_dir)
         sender = Celery("spark_pipeline_demo", set_as_current=False)
         sender.conf.update(settings.celery_config())
         started = time.time()
@@ -422,7 +449,8 @@ def run_pipeline(plan: RunPlan, transport: str, budget: float) -> Run:
         idle_since: float | None = None
         while True:
             time.sleep(POLL_INTERVAL)
-            worker.check_alive()
+            for worker in workers:
+                worker.check_alive()
             progress.update(record_dir)
             running = _running(record_dir)
             progress.quiet_status(running)
@@ -441,7 +469,7 @@ def run_pipeline(plan: RunPlan, transport: str, budget: float) -> Run:
                 break
         finished = idle_since or time.time()
     finally:
-        worker.stop(grace=5.0 if timed_out else 30.0)
+        stop_workers(workers, grace=5.0 if timed_out else 30.0)
         _delete_queue(client, settings.queue)
     server_events = target.server.events() if target.server is not None else None
     if server_events is not None:

@@ -41,6 +41,8 @@ class Execution:
     step: str
     pid: int
     start: float
+    #: The Celery worker's node name: which of several workers ran it.
+    worker: str = ""
     end: float | None = None
     status: str | None = None
     session_reused: bool = False
@@ -165,6 +167,7 @@ def load_executions(records: Iterable[Mapping[str, Any]]) -> list[Execution]:
                 step=record["step"],
                 pid=record["pid"],
                 start=record["time"],
+                worker=record.get("worker", ""),
                 session_reused=bool(record.get("session_reused")),
             )
             executions.append(execution)
@@ -319,7 +322,7 @@ def format_run(run: Run) -> str:
             )
         failed = sum(1 for e in run.executions if e.status == "failed")
         if failed:
-            reasons.append(f"{_count(failed, 'execution')} failed (see worker.log)")
+            reasons.append(f"{_count(failed, 'execution')} failed (see the worker logs)")
         if not run.completed():
             reasons.append("the pipeline did not finish")
         if run.timed_out:
@@ -328,6 +331,7 @@ def format_run(run: Run) -> str:
         if extra_receives:
             reasons.append(_count(extra_receives, "redelivery", "redeliveries"))
         lines.append(f"  EXACTLY ONCE: no - {'; '.join(reasons) or 'see the counts above'}")
+    lines.append(f"  {_workers_line(run)}")
     lines.append(f"  {_sessions_line(run)}")
     tables = run.output_tables()
     if tables:
@@ -337,6 +341,15 @@ def format_run(run: Run) -> str:
         for name, table in tables.items():
             lines.append(f"    {name:<{width}} {table['rows']:>12,} rows  {table['path']}")
     return "\n".join(lines)
+
+
+def _workers_line(run: Run) -> str:
+    """Which worker ran which step: with several workers on one queue, any may take any."""
+    by_worker: dict[str, list[str]] = {}
+    for execution in sorted(run.executions, key=lambda e: e.start):
+        by_worker.setdefault(execution.worker or "?", []).append(execution.step)
+    ran = "; ".join(f"{worker}: {', '.join(steps)}" for worker, steps in by_worker.items())
+    return f"Ran on {_count(len(by_worker), 'worker')}: {ran}"
 
 
 def _sessions_line(run: Run) -> str:

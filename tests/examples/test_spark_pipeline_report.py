@@ -29,7 +29,7 @@ T0 = 1_700_000_000.0
 def _execution(
     task_id: str, step: str, pid: int, start: float, end: float, **extra: Any
 ) -> list[dict[str, Any]]:
-    base = {"task_id": task_id, "step": step, "pid": pid}
+    base = {"task_id": task_id, "step": step, "pid": pid, "worker": f"w{pid % 2 + 1}@host"}
     return [
         {
             **base,
@@ -153,6 +153,7 @@ def test_a_clean_run_is_exactly_once() -> None:
     assert all(m.deleted is not None for m in run.messages)
     report = format_run(run)
     assert "EXACTLY ONCE: yes - 3 steps, 3 executions, 3 SQS receives, 9 lease renewals" in report
+    assert "Ran on 1 worker: w1@host: generate, transform, aggregate" in report
     assert "Spark sessions: 1 started (in 1 worker process), reused by 2 later tasks" in report
     assert "aggregate_table" in report and "300 rows" in report
 
@@ -175,6 +176,10 @@ def test_redeliveries_and_duplicate_messages_are_counted_per_step() -> None:
     assert run.duplicated_seconds() == pytest.approx((40 - 10.1) + (45 - 40.6))
     report = format_run(run)
     assert "EXACTLY ONCE: no - 2 duplicate executions" in report
+    assert (
+        "Ran on 2 workers: w2@host: generate, transform, aggregate; w1@host: generate, transform"
+        in report
+    )
     assert "2 redeliveries" in report
 
 
