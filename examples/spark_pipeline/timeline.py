@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -22,6 +23,14 @@ from .report import Execution, Message, Run
 STEP_COLOURS = ("#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD")
 LEASE_COLOUR = "#DDE6F2"
 EXPOSED_COLOUR = "#D62728"
+#: How each SQS event is marked on its message's row, by its name in the legend.
+EVENT_MARKERS: dict[str, dict[str, Any]] = {
+    "received": {"marker": "v", "color": "black", "markersize": 7},
+    "lease renewed": {"marker": "|", "color": "#1F3A93", "markersize": 14, "markeredgewidth": 1.6},
+    "released": {"marker": "X", "color": "#FF7F0E", "markersize": 8},
+    "lease lost": {"marker": "x", "color": EXPOSED_COLOUR, "markersize": 9},
+    "acked (deleted)": {"marker": "D", "color": "#2CA02C", "markersize": 7},
+}
 TITLES = {
     "heartbeat": "celery_sqs_heartbeat: lease renewed until ack",
     "stock": "kombu stock SQS transport: lease runs out mid-task",
@@ -141,37 +150,21 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
                     edgecolor="white",
                     linewidth=0,
                 )
-        ax.plot(
-            [t - origin for t in message.receives],
-            [row] * len(message.receives),
-            "v",
-            color="black",
-            markersize=7,
-        )
-        ax.plot(
-            [t - origin for t, _ in message.renewals],
-            [row] * len(message.renewals),
-            "|",
-            color="#1F3A93",
-            markersize=14,
-            markeredgewidth=1.6,
-        )
-        ax.plot(
-            [t - origin for t in message.releases],
-            [row] * len(message.releases),
-            "X",
-            color="#FF7F0E",
-            markersize=8,
-        )
-        ax.plot(
-            [t - origin for t in message.lost],
-            [row] * len(message.lost),
-            "x",
-            color=EXPOSED_COLOUR,
-            markersize=9,
-        )
-        if message.deleted is not None:
-            ax.plot([message.deleted - origin], [row], "D", color="#2CA02C", markersize=7)
+        events = {
+            "received": message.receives,
+            "lease renewed": [t for t, _ in message.renewals],
+            "released": message.releases,
+            "lease lost": message.lost,
+            "acked (deleted)": [] if message.deleted is None else [message.deleted],
+        }
+        for event, times in events.items():
+            if times:
+                ax.plot(
+                    [t - origin for t in times],
+                    [row] * len(times),
+                    linestyle="",
+                    **EVENT_MARKERS[event],
+                )
         times = "" if len(message.receives) < 2 else f", received {len(message.receives)}x"
         labels.append(f"{message.step} [{message.message_id[:6]}]{times}")
     ax.set_yticks(range(len(labels)), labels)
@@ -197,19 +190,10 @@ def _legend_handles() -> list[Line2D | Patch]:
             edgecolor="white",
             label="running while visible: SQS redelivers",
         ),
-        Line2D([], [], marker="v", color="black", linestyle="", label="received"),
-        Line2D(
-            [],
-            [],
-            marker="|",
-            color="#1F3A93",
-            linestyle="",
-            markersize=12,
-            markeredgewidth=1.6,
-            label="lease renewed",
+        *(
+            Line2D([], [], linestyle="", label=event, **style)
+            for event, style in EVENT_MARKERS.items()
         ),
-        Line2D([], [], marker="D", color="#2CA02C", linestyle="", label="acked (deleted)"),
-        Line2D([], [], marker="X", color="#FF7F0E", linestyle="", label="released"),
     ]
 
 
