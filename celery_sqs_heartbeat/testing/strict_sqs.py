@@ -254,7 +254,7 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
         deadline = time.monotonic() + wait_seconds_timeout
         with queue_._messages_lock:
             while True:
-                messages = original_receive(
+                messages: list[Message] = original_receive(
                     backend, queue_name, count, 0, visibility_timeout, message_attribute_names
                 )
                 remaining = deadline - time.monotonic()
