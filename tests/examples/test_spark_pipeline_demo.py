@@ -17,6 +17,9 @@ from celery_sqs_heartbeat.testing import StrictSQSServer
 pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")
 
+from examples.spark_pipeline import records
+from examples.spark_pipeline.demo import parse_args
+
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +30,18 @@ TINY_RUN = ["--rows", "2000", "--lease", "3"]
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    environment.pop("SPARK_MASTER", None)
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("AWS_") and name != "SPARK_MASTER"
+    }
+    # No credentials but the ones the command line gives: no shared files, no profile.
+    environment.update(
+        PYTHONPATH=str(REPO_ROOT),
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     return subprocess.run(
         [sys.executable, "-m", "examples.spark_pipeline.demo", *TINY_RUN, *args],
         cwd=REPO_ROOT,
@@ -88,5 +101,22 @@ def test_demo_on_an_endpoint_it_did_not_start_with_two_workers(
         and "spark-pipeline-" in str(event["queue"])
     )
     assert len(receives) == 3 and set(receives.values()) == {1}, receives
+    (run_dir,) = tmp_path.iterdir()
+    ready = [
+        record["worker"]
+        for record in records.read(run_dir / "heartbeat" / "records" / records.WORKER_EVENTS)
+        if record["event"] == "worker_ready"
+    ]
+    assert sorted(name.split("@")[0] for name in ready) == ["heartbeat-1", "heartbeat-2"]
     queues = boto3.client("sqs", **sqs_server.boto3_kwargs).list_queues().get("QueueUrls", [])
     assert not [url for url in queues if "spark-pipeline-" in url], "queues left behind"
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--concurrency", "--rows"])
+def test_a_count_below_one_stops_the_demo_with_the_rule(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        parse_args([flag, "0"])
+    assert stopped.value.code == 2
+    assert "--rows, --concurrency and --workers must be positive" in capsys.readouterr().err
