@@ -17,7 +17,14 @@ that:
 * ChangeMessageVisibilityBatch reports every per-entry error in ``Failed`` and rejects
   empty, oversized and ambiguous batches as a whole (moto fails the whole request for
   most per-entry errors, and accepts any batch);
-* VisibilityTimeout 0 makes the message visible at once and wakes waiting long polls.
+* VisibilityTimeout 0 makes the message visible at once and wakes waiting long polls;
+* DeleteMessage, and each entry of DeleteMessageBatch, only deletes with the *latest*
+  receipt handle. A handle from an earlier receive answers success but leaves the
+  message in the queue, as SQS may ("the request succeeds, but the message might not be
+  deleted"); the event log records it as ``"stale"``. moto deletes with any handle the
+  message ever had. A handle of a deleted message still succeeds (SQS deletes are
+  idempotent), and one the server never issued still fails with
+  ``ReceiptHandleIsInvalid``.
 
 Receive, change and delete of the same queue are serialised by the queue's own
 lock, because moto's in-memory backend is not thread safe and the threaded server
@@ -25,6 +32,19 @@ would otherwise let two concurrent receives hand out the same message.
 
 Extra HTTP endpoints under ``/_strict/`` (never called by boto3) count the SQS calls,
 inject faults and expose a per-message event log; :class:`StrictSQSServer` wraps them.
+Faults come in four shapes, so that scenarios can simulate both blips and outages:
+
+* ``inject_fault``: the next N calls of one action fail (or are delayed);
+* ``outage``: every call of some or all actions fails for N seconds of the server's
+  monotonic clock (``end_outages`` ends them early);
+* ``fail_fraction``: each call of some or all actions fails with probability p, from an
+  optionally seeded generator so that a run can be repeated;
+* ``add_latency``: every call of some or all actions is answered that much later. The
+  wait happens in the request's own thread, so concurrent calls are not serialised.
+
+The kinds of failure are listed at :data:`FAULT_KINDS`. ``clear_faults`` removes them
+all and ``pending_faults`` lists them. A faulted call is counted by ``calls`` but never
+reaches moto, so it leaves nothing in the event log.
 
 Run it with ``python -m celery_sqs_heartbeat.testing.strict_sqs --port 0``; it prints
 ``STRICT_SQS_READY http://127.0.0.1:PORT`` once it serves, and stops on SIGTERM/SIGINT.
@@ -33,11 +53,14 @@ Run it with ``python -m celery_sqs_heartbeat.testing.strict_sqs --port 0``; it p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
+import math
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -87,13 +110,54 @@ MESSAGE_NOT_INFLIGHT = "AWS.SimpleQueueService.MessageNotInflight"
 _BATCH_ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _QUERY_ENTRY_ID_KEY = re.compile(r"[^.]+\.(\d+)\.Id")
 
-FaultKind = Literal["throttle", "server_error", "drop_connection", "delay"]
-FAULT_KINDS: tuple[FaultKind, ...] = ("throttle", "server_error", "drop_connection", "delay")
+FaultKind = Literal[
+    "throttle",
+    "server_error",
+    "drop_connection",
+    "delay",
+    "access_denied",
+    "invalid_credentials",
+    "garbage",
+    "timeout",
+]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "throttle",
+    "server_error",
+    "drop_connection",
+    "delay",
+    "access_denied",
+    "invalid_credentials",
+    "garbage",
+    "timeout",
+)
+"""How a faulted call is answered; ``seconds`` is the fault's own duration (the
+``seconds`` of ``inject_fault``, the ``fault_seconds`` of an outage or a fraction).
+
+throttle: HTTP 400 ``ThrottlingException`` (query protocol: ``Throttling``).
+server_error: HTTP 500 ``InternalError``.
+drop_connection: the socket is closed without an answer.
+delay: the call is served normally, ``seconds`` late.
+access_denied: HTTP 403 ``AccessDenied``, as SQS answers an IAM denial.
+invalid_credentials: HTTP 403 ``InvalidClientTokenId``, as for an unknown access key.
+garbage: HTTP 200 with a body that is neither JSON nor XML, nor even UTF-8, because
+botocore reads JSON text it cannot parse as an empty answer. botocore then raises
+``UnicodeDecodeError`` (JSON protocol) or ``ResponseParserError`` (query protocol); over
+JSON it never reads the body of an answer without fields (e.g. DeleteMessage), so there
+the fault looks like success, as it would on the wire.
+timeout: the call is held ``seconds`` and then dropped without an answer, which a
+client whose read timeout is shorter sees as a read timeout.
+
+None of them reaches moto, except delay.
+"""
 EventAction = Literal["receive", "change_visibility", "delete"]
 
 
 class Event(TypedDict):
-    """One per-message operation the server saw (``result`` is ``"ok"`` or an error code)."""
+    """One per-message operation the server saw.
+
+    ``result`` is ``"ok"``, an error code, or ``"stale"`` for a delete with a receipt
+    handle from an earlier receive, which SQS answers with success without deleting.
+    """
 
     t: float
     action: EventAction
@@ -117,11 +181,47 @@ class _Receipt:
     received_at: float
 
 
-@dataclass
-class _Fault:
+class _Failure(NamedTuple):
     kind: FaultKind
-    remaining: int
     seconds: float
+
+
+@dataclass
+class _CountedFault:
+    failure: _Failure
+    remaining: int
+
+
+@dataclass(frozen=True)
+class _Outage:
+    actions: frozenset[str] | None
+    failure: _Failure
+    until: float
+    """Monotonic, so that a step of the wall clock neither ends nor stretches an outage."""
+
+
+@dataclass(frozen=True)
+class _FailureFraction:
+    actions: frozenset[str] | None
+    failure: _Failure
+    probability: float
+    seed: int | None
+    rng: random.Random
+
+
+@dataclass(frozen=True)
+class _Latency:
+    actions: frozenset[str] | None
+    seconds: float
+
+
+def _applies(actions: frozenset[str] | None, action: str) -> bool:
+    """``None`` stands for every SQS action, so that an outage needs no list of them."""
+    return actions is None or action in actions
+
+
+def _describe_actions(actions: frozenset[str] | None) -> list[str] | None:
+    return None if actions is None else sorted(actions)
 
 
 class _Recorder:
@@ -131,7 +231,10 @@ class _Recorder:
         self._lock = threading.Lock()
         self._calls: Counter[str] = Counter()
         self._entries: Counter[str] = Counter()
-        self._faults: dict[str, list[_Fault]] = {}
+        self._faults: dict[str, list[_CountedFault]] = {}
+        self._outages: list[_Outage] = []
+        self._fractions: list[_FailureFraction] = []
+        self._latencies: list[_Latency] = []
         self._events: list[Event] = []
         self._receipts: dict[str, _Receipt] = {}
 
@@ -150,33 +253,114 @@ class _Recorder:
             self._calls.clear()
             self._entries.clear()
 
-    def add_fault(self, action: str, fault: _Fault) -> None:
+    def add_fault(self, action: str, fault: _CountedFault) -> None:
         with self._lock:
             self._faults.setdefault(action, []).append(fault)
 
-    def take_fault(self, action: str) -> _Fault | None:
-        """Consume one occurrence of the oldest fault planned for ``action``."""
+    def add_outage(self, outage: _Outage) -> None:
+        with self._lock:
+            self._outages.append(outage)
+
+    def end_outages(self) -> None:
+        with self._lock:
+            self._outages.clear()
+
+    def add_fraction(self, fraction: _FailureFraction) -> None:
+        with self._lock:
+            self._fractions.append(fraction)
+
+    def add_latency(self, latency: _Latency) -> None:
+        with self._lock:
+            self._latencies.append(latency)
+
+    def latency(self, action: str) -> float:
+        """The extra delay of a call of ``action``: the sum of every latency that applies."""
+        with self._lock:
+            return sum(lat.seconds for lat in self._latencies if _applies(lat.actions, action))
+
+    def take_fault(self, action: str) -> _Failure | None:
+        """How a call of ``action`` that arrives now fails, if it does.
+
+        A fault planned for the next calls comes first, so that it hits exactly the calls
+        a test meant; then an outage; the fractions draw last, so that their generators
+        only advance for calls that nothing else failed.
+        """
         with self._lock:
             planned = self._faults.get(action)
-            if not planned:
-                return None
-            fault = planned[0]
-            fault.remaining -= 1
-            if fault.remaining == 0:
-                planned.pop(0)
-            return fault
+            if planned:
+                fault = planned[0]
+                fault.remaining -= 1
+                if fault.remaining == 0:
+                    planned.pop(0)
+                return fault.failure
+            self._drop_ended_outages()
+            for outage in self._outages:
+                if _applies(outage.actions, action):
+                    return outage.failure
+            for fraction in self._fractions:
+                if _applies(fraction.actions, action) and (
+                    fraction.rng.random() < fraction.probability
+                ):
+                    return fraction.failure
+            return None
+
+    def _drop_ended_outages(self) -> None:
+        now = time.monotonic()
+        self._outages = [outage for outage in self._outages if outage.until > now]
 
     def pending_faults(self) -> list[dict[str, Any]]:
         with self._lock:
+            self._drop_ended_outages()
+            now = time.monotonic()
             return [
-                {"action": action, "kind": f.kind, "count": f.remaining, "seconds": f.seconds}
-                for action, planned in self._faults.items()
-                for f in planned
+                *(
+                    {
+                        "type": "count",
+                        "action": action,
+                        "kind": f.failure.kind,
+                        "count": f.remaining,
+                        "seconds": f.failure.seconds,
+                    }
+                    for action, planned in self._faults.items()
+                    for f in planned
+                ),
+                *(
+                    {
+                        "type": "outage",
+                        "actions": _describe_actions(o.actions),
+                        "kind": o.failure.kind,
+                        "fault_seconds": o.failure.seconds,
+                        "remaining_seconds": o.until - now,
+                    }
+                    for o in self._outages
+                ),
+                *(
+                    {
+                        "type": "fraction",
+                        "actions": _describe_actions(f.actions),
+                        "kind": f.failure.kind,
+                        "fault_seconds": f.failure.seconds,
+                        "probability": f.probability,
+                        "seed": f.seed,
+                    }
+                    for f in self._fractions
+                ),
+                *(
+                    {
+                        "type": "latency",
+                        "actions": _describe_actions(lat.actions),
+                        "seconds": lat.seconds,
+                    }
+                    for lat in self._latencies
+                ),
             ]
 
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._outages.clear()
+            self._fractions.clear()
+            self._latencies.clear()
 
     def remember_receipt(self, handle: str, receipt: _Receipt) -> None:
         with self._lock:
@@ -373,10 +557,27 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
                 successful.append(entry["Id"])
         return successful, failed
 
+    def is_stale(queue_: Queue, handle: str) -> bool:
+        """Whether ``handle`` is an earlier receive's handle of a message still queued."""
+        if handle in queue_.deleted_messages:
+            return False  # the message is gone, whichever of its handles this was
+        return any(
+            m.receipt_handle != handle and m.had_receipt_handle(handle) for m in queue_._messages
+        )
+
     def delete_message(backend: SQSBackend, queue_name: str, receipt_handle: str) -> None:
-        """moto's delete (stale handles are accepted, as before), serialised and logged."""
+        """Delete only with the latest receipt handle; a stale one succeeds and deletes nothing.
+
+        SQS wants "the most recently received receipt handle" and otherwise answers
+        success but may keep the message, which then runs again; moto deletes with any
+        handle the message ever had. Handles of deleted messages and handles never issued
+        behave as in moto (success, and ``ReceiptHandleIsInvalid``), as in SQS.
+        """
         queue_ = backend.get_queue(queue_name)
         with queue_._messages_lock:
+            if is_stale(queue_, receipt_handle):
+                recorder.log_event("delete", queue_name, receipt_handle, None, "stale")
+                return
             try:
                 original_delete(backend, queue_name, receipt_handle)
             except SQSException as err:
@@ -384,11 +585,42 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
                 raise
             recorder.log_event("delete", queue_name, receipt_handle, None, "ok")
 
+    def delete_message_batch(
+        backend: SQSBackend, queue_name: str, entries: list[dict[str, Any]]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Apply :func:`delete_message` to each entry and report each error in ``Failed``.
+
+        A stale entry is in ``Successful``, as in SQS. moto's own batch also calls
+        ``delete_message`` per entry, but only turns ReceiptHandleIsInvalid into a failed
+        entry; doing it here keeps the rule from depending on that detail of moto.
+        """
+        backend.get_queue(queue_name)  # an unknown queue fails the whole request
+        successful: list[str] = []
+        failed: list[dict[str, Any]] = []
+        for entry in entries:
+            handle = entry.get("ReceiptHandle", "")
+            try:
+                backend.delete_message(queue_name, handle)
+            except ReceiptHandleIsInvalid:
+                failed.append(
+                    _failed_entry(
+                        entry["Id"],
+                        "ReceiptHandleIsInvalid",
+                        f'The input receipt handle "{handle}" is not a valid receipt handle.',
+                    )
+                )
+            except SQSException as err:
+                failed.append(_failed_entry(entry["Id"], err.code, err.message))
+            else:
+                successful.append(entry["Id"])
+        return successful, failed
+
     patches: dict[str, Callable[..., Any]] = {
         "receive_message": receive_message,
         "change_message_visibility": change_message_visibility,
         "change_message_visibility_batch": change_message_visibility_batch,
         "delete_message": delete_message,
+        "delete_message_batch": delete_message_batch,
     }
     for name, function in patches.items():
         setattr(SQSBackend, name, function)
@@ -406,24 +638,54 @@ class _SQSCall(NamedTuple):
 
 class _ErrorReply(NamedTuple):
     status: str
-    json_code: str
+    json_type: str
     query_code: str
     fault_type: str
     message: str
+    query_compatible: bool
+    """Whether a JSON answer carries ``x-amzn-query-error``, as SQS's answers do.
+
+    botocore then reports the query protocol's code, so that e.g. ``AccessDenied`` means
+    the same in both protocols. The throttle and server_error answers never had it, and
+    keep their JSON codes for the tests that expect them.
+    """
 
 
 _FAULT_REPLIES: dict[str, _ErrorReply] = {
     "throttle": _ErrorReply(
-        "400 Bad Request", "ThrottlingException", "Throttling", "Sender", "Rate exceeded"
+        "400 Bad Request",
+        "com.amazonaws.sqs#ThrottlingException",
+        "Throttling",
+        "Sender",
+        "Rate exceeded",
+        query_compatible=False,
     ),
     "server_error": _ErrorReply(
         "500 Internal Server Error",
-        "InternalError",
+        "com.amazonaws.sqs#InternalError",
         "InternalError",
         "Receiver",
         "We encountered an internal error. Please try again.",
+        query_compatible=False,
+    ),
+    "access_denied": _ErrorReply(
+        "403 Forbidden",
+        "com.amazon.coral.service#AccessDeniedException",
+        "AccessDenied",
+        "Sender",
+        "Access to the resource is denied.",
+        query_compatible=True,
+    ),
+    "invalid_credentials": _ErrorReply(
+        "403 Forbidden",
+        "com.amazon.coral.service#UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "Sender",
+        "The security token included in the request is invalid.",
+        query_compatible=True,
     ),
 }
+_GARBAGE_BODY = b"\xff\xfe\x00 not an SQS answer <"
 
 
 def _buffer_body(environ: WSGIEnvironment) -> bytes:
@@ -473,11 +735,12 @@ def _json_reply(start_response: StartResponse, status: str, payload: object) -> 
 def _error_reply(start_response: StartResponse, call: _SQSCall, reply: _ErrorReply) -> list[bytes]:
     """An SQS error response in the protocol the client used."""
     request_id = str(uuid.uuid4())
+    headers = [("x-amzn-RequestId", request_id)]
     if call.json_protocol:
         content_type = "application/x-amz-json-1.0"
-        body = json.dumps(
-            {"__type": f"com.amazonaws.sqs#{reply.json_code}", "message": reply.message}
-        ).encode()
+        body = json.dumps({"__type": reply.json_type, "message": reply.message}).encode()
+        if reply.query_compatible:
+            headers.append(("x-amzn-query-error", f"{reply.query_code};{reply.fault_type}"))
     else:
         content_type = "text/xml"
         body = (
@@ -487,35 +750,120 @@ def _error_reply(start_response: StartResponse, call: _SQSCall, reply: _ErrorRep
             f"<Message>{reply.message}</Message></Error>"
             f"<RequestId>{request_id}</RequestId></ErrorResponse>"
         ).encode()
+    return _raw_reply(start_response, reply.status, content_type, body, headers)
+
+
+def _garbage_reply(start_response: StartResponse, call: _SQSCall) -> list[bytes]:
+    """A success status and content type for the protocol, with a body no parser accepts."""
+    content_type = "application/x-amz-json-1.0" if call.json_protocol else "text/xml"
+    headers = [("x-amzn-RequestId", str(uuid.uuid4()))]
+    return _raw_reply(start_response, "200 OK", content_type, _GARBAGE_BODY, headers)
+
+
+def _raw_reply(
+    start_response: StartResponse,
+    status: str,
+    content_type: str,
+    body: bytes,
+    headers: list[tuple[str, str]],
+) -> list[bytes]:
     start_response(
-        reply.status,
-        [
-            ("Content-Type", content_type),
-            ("Content-Length", str(len(body))),
-            ("x-amzn-RequestId", request_id),
-        ],
+        status,
+        [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers],
     )
     return [body]
 
 
-def _parse_fault(payload: object) -> tuple[str, _Fault]:
+def _json_object(body: bytes) -> dict[str, Any]:
+    payload = json.loads(body or b"null")
     if not isinstance(payload, dict):
         raise ValueError("expected a JSON object")
-    action = payload.get("action")
+    return payload
+
+
+def _number(payload: dict[str, Any], key: str, default: float, *, positive: bool) -> float:
+    value = payload.get(key, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        raise ValueError(f"'{key}' must be a {'positive' if positive else 'non-negative'} number")
+    return float(value)
+
+
+def _parse_failure(payload: dict[str, Any], seconds_key: str) -> _Failure:
     kind = payload.get("kind")
-    count = payload.get("count", 1)
-    seconds = payload.get("seconds", 0)
-    if not isinstance(action, str) or not action:
-        raise ValueError("'action' must be an SQS action name, e.g. ChangeMessageVisibility")
     if kind not in FAULT_KINDS:
         raise ValueError(f"'kind' must be one of {', '.join(FAULT_KINDS)}")
+    seconds = _number(payload, seconds_key, 0, positive=False)
+    if kind in ("delay", "timeout") and seconds <= 0:
+        raise ValueError(f"a '{kind}' fault needs '{seconds_key}' > 0")
+    return _Failure(kind, seconds)
+
+
+def _parse_actions(payload: dict[str, Any]) -> frozenset[str] | None:
+    """An empty list is refused: a rule that matches no call is surely a mistake."""
+    actions = payload.get("actions")
+    if actions is None:
+        return None
+    if (
+        not isinstance(actions, list)
+        or not actions
+        or not all(isinstance(action, str) and action for action in actions)
+    ):
+        raise ValueError("'actions' must be null (every action) or a list of SQS action names")
+    return frozenset(actions)
+
+
+def _parse_fault(body: bytes) -> tuple[str, _CountedFault]:
+    payload = _json_object(body)
+    action = payload.get("action")
+    count = payload.get("count", 1)
+    if not isinstance(action, str) or not action:
+        raise ValueError("'action' must be an SQS action name, e.g. ChangeMessageVisibility")
+    failure = _parse_failure(payload, "seconds")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError("'count' must be a positive integer")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-        raise ValueError("'seconds' must be a non-negative number")
-    if kind == "delay" and seconds <= 0:
-        raise ValueError("a 'delay' fault needs 'seconds' > 0")
-    return action, _Fault(kind, count, float(seconds))
+    return action, _CountedFault(failure, count)
+
+
+def _parse_outage(body: bytes) -> _Outage:
+    payload = _json_object(body)
+    seconds = _number(payload, "seconds", 0, positive=True)
+    return _Outage(
+        _parse_actions(payload),
+        _parse_failure(payload, "fault_seconds"),
+        time.monotonic() + seconds,
+    )
+
+
+def _parse_fraction(body: bytes) -> _FailureFraction:
+    payload = _json_object(body)
+    probability = payload.get("probability")
+    if (
+        isinstance(probability, bool)
+        or not isinstance(probability, (int, float))
+        or not 0 <= probability <= 1
+    ):
+        raise ValueError("'probability' must be a number from 0 to 1")
+    seed = payload.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError("'seed' must be null or an integer")
+    return _FailureFraction(
+        _parse_actions(payload),
+        _parse_failure(payload, "fault_seconds"),
+        float(probability),
+        seed,
+        random.Random(seed),
+    )
+
+
+def _parse_latency(body: bytes) -> _Latency:
+    payload = _json_object(body)
+    return _Latency(_parse_actions(payload), _number(payload, "seconds", 0, positive=True))
 
 
 class _StrictApp:
@@ -530,8 +878,12 @@ class _StrictApp:
             ("GET", "events"): lambda _: recorder.events(),
             ("DELETE", "events"): lambda _: recorder.clear_events(),
             ("GET", "faults"): lambda _: recorder.pending_faults(),
-            ("POST", "faults"): self._add_fault,
+            ("POST", "faults"): lambda body: recorder.add_fault(*_parse_fault(body)),
             ("DELETE", "faults"): lambda _: recorder.clear_faults(),
+            ("POST", "outages"): lambda body: recorder.add_outage(_parse_outage(body)),
+            ("DELETE", "outages"): lambda _: recorder.end_outages(),
+            ("POST", "fractions"): lambda body: recorder.add_fraction(_parse_fraction(body)),
+            ("POST", "latency"): lambda body: recorder.add_latency(_parse_latency(body)),
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -543,15 +895,25 @@ class _StrictApp:
             return self._moto_app(environ, start_response)
         self._recorder.count_call(call.action, call.entries)
         fault = self._recorder.take_fault(call.action)
+        # Each request has its own thread, so these waits hold up no other call.
+        latency = self._recorder.latency(call.action)
+        if latency:
+            time.sleep(latency)
         if fault is None:
             return self._moto_app(environ, start_response)
         if fault.kind == "delay":
             time.sleep(fault.seconds)
             return self._moto_app(environ, start_response)
-        if fault.kind == "drop_connection":
+        if fault.kind == "timeout":
+            time.sleep(fault.seconds)
+        if fault.kind in ("drop_connection", "timeout"):
+            # A client that timed out may have closed the socket already.
+            with contextlib.suppress(OSError):
+                environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
             # Werkzeug treats ConnectionError as "client went away" and sends nothing.
-            environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
-            raise ConnectionAbortedError(f"injected drop_connection for {call.action}")
+            raise ConnectionAbortedError(f"injected {fault.kind} for {call.action}")
+        if fault.kind == "garbage":
+            return _garbage_reply(start_response, call)
         return _error_reply(start_response, call, _FAULT_REPLIES[fault.kind])
 
     def _control(
@@ -565,10 +927,6 @@ class _StrictApp:
         except ValueError as err:
             return _json_reply(start_response, "400 Bad Request", {"error": str(err)})
         return _json_reply(start_response, "200 OK", {} if result is None else result)
-
-    def _add_fault(self, body: bytes) -> None:
-        action, fault = _parse_fault(json.loads(body or b"null"))
-        self._recorder.add_fault(action, fault)
 
 
 def _build_server(port: int, max_hold_seconds: float) -> BaseWSGIServer:
@@ -640,6 +998,13 @@ def _stop_at_stdin_eof(server: BaseWSGIServer) -> None:
 # --------------------------------------------------------------------------------------
 # Client side: start the server in a subprocess and talk to its control endpoints.
 # --------------------------------------------------------------------------------------
+
+
+def _action_list(actions: Iterable[str] | None) -> list[str] | None:
+    """A lone action name would otherwise be taken for its letters."""
+    if actions is None:
+        return None
+    return [actions] if isinstance(actions, str) else list(actions)
 
 
 def _pump_lines(stream: IO[str], lines: queue.Queue[str]) -> None:
@@ -808,21 +1173,88 @@ class StrictSQSServer:
     ) -> None:
         """Make the next ``count`` calls of ``action`` fail as ``kind``.
 
-        throttle: HTTP 400 ``ThrottlingException`` (query protocol: ``Throttling``);
-        server_error: HTTP 500 ``InternalError``; drop_connection: the socket is closed
-        without a response; delay: the call is served after ``seconds``. Faults for the
-        same action queue up in order. Raises ValueError if the server rejects them.
+        ``seconds`` is how long a delay or timeout holds each call (see
+        :data:`FAULT_KINDS`). Faults for the same action queue up in order, and come
+        before any outage or fraction. Raises ValueError if the server rejects them.
         """
         self._control(
             "POST", "faults", {"action": action, "kind": kind, "count": count, "seconds": seconds}
         )
 
+    def outage(
+        self,
+        seconds: float,
+        kind: FaultKind,
+        actions: Iterable[str] | None = None,
+        *,
+        fault_seconds: float = 0.0,
+    ) -> None:
+        """Fail every call of ``actions`` (None: every SQS action) as ``kind`` for ``seconds``.
+
+        The window starts when the server gets this request and is timed by its monotonic
+        clock. ``fault_seconds`` is how long a delay or timeout holds each call.
+        """
+        self._control(
+            "POST",
+            "outages",
+            {
+                "seconds": seconds,
+                "kind": kind,
+                "actions": _action_list(actions),
+                "fault_seconds": fault_seconds,
+            },
+        )
+
+    def end_outages(self) -> None:
+        """End every outage now; other faults stay."""
+        self._control("DELETE", "outages")
+
+    def fail_fraction(
+        self,
+        probability: float,
+        kind: FaultKind,
+        actions: Iterable[str] | None = None,
+        *,
+        seed: int | None = None,
+        fault_seconds: float = 0.0,
+    ) -> None:
+        """Fail each call of ``actions`` (None: every SQS action) as ``kind`` with ``probability``.
+
+        It lasts until :meth:`clear_faults`. With a ``seed`` the same sequence of calls
+        fails the same way in every run; each fraction draws from its own generator.
+        """
+        self._control(
+            "POST",
+            "fractions",
+            {
+                "probability": probability,
+                "kind": kind,
+                "actions": _action_list(actions),
+                "seed": seed,
+                "fault_seconds": fault_seconds,
+            },
+        )
+
+    def add_latency(self, seconds: float, actions: Iterable[str] | None = None) -> None:
+        """Answer every call of ``actions`` (None: every SQS action) ``seconds`` later.
+
+        It lasts until :meth:`clear_faults`; latencies that apply to the same call add
+        up. Faulted calls wait too, like any answer crossing a slow network.
+        """
+        self._control("POST", "latency", {"seconds": seconds, "actions": _action_list(actions)})
+
     def pending_faults(self) -> list[dict[str, Any]]:
-        """Faults not yet consumed, with their remaining counts."""
+        """Everything configured that can still affect a call, by ``type``.
+
+        ``count``: a fault not yet consumed, with its remaining ``count``; ``outage``:
+        with its ``remaining_seconds``; ``fraction`` and ``latency``. ``actions`` is
+        None for the rules that apply to every SQS action.
+        """
         pending: list[dict[str, Any]] = self._control("GET", "faults")
         return pending
 
     def clear_faults(self) -> None:
+        """Remove every fault, outage, fraction and latency."""
         self._control("DELETE", "faults")
 
     def events(self) -> list[Event]:

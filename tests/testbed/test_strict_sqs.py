@@ -6,6 +6,7 @@ unpatched moto server.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -17,17 +18,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError, ConnectionClosedError
+from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
+from botocore.parsers import ResponseParserError
 
 import celery_sqs_heartbeat
-from celery_sqs_heartbeat.testing import StrictSQSServer
+from celery_sqs_heartbeat.testing import FaultKind, StrictSQSServer
 
 # Faults must reach the test, not be hidden by botocore's retries.
 NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
@@ -271,6 +275,123 @@ def test_release_wakes_a_waiting_long_poll(sqs_server: StrictSQSServer, queue_ur
     assert received[0] - released < 0.5
 
 
+# -- rule 6: only the latest receipt handle deletes ------------------------------------
+
+
+def receive_again(sqs: Any, queue_url: str, message_id: str, timeout: float = 5) -> dict[str, Any]:
+    """Receive ``message_id`` once its 1 s lease has run out (polled, at most ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        messages = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=1, VisibilityTimeout=30
+        ).get("Messages", [])
+        if messages:
+            message: dict[str, Any] = messages[0]
+            assert message["MessageId"] == message_id
+            return message
+        time.sleep(0.1)
+    raise AssertionError(f"message {message_id} was not received again within {timeout} s")
+
+
+def message_counts(sqs: Any, queue_url: str) -> tuple[int, int]:
+    """(visible, in flight) messages in the queue."""
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return (
+        int(attributes["ApproximateNumberOfMessages"]),
+        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+    )
+
+
+def delete_results(server: StrictSQSServer, queue_url: str) -> list[tuple[str | None, str]]:
+    queue = queue_url.rsplit("/", 1)[1]
+    return [
+        (e["message_id"], e["result"])
+        for e in server.events()
+        if e["queue"] == queue and e["action"] == "delete"
+    ]
+
+
+def test_delete_with_stale_handle_succeeds_but_keeps_the_message(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    message_id = sqs.send_message(QueueUrl=queue_url, MessageBody="m")["MessageId"]
+    first = receive_one(sqs, queue_url, visibility=1)
+    second = receive_again(sqs, queue_url, message_id)
+
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=first["ReceiptHandle"])
+    assert message_counts(sqs, queue_url) == (0, 1)  # moto would have deleted it
+    assert delete_results(sqs_server, queue_url) == [(message_id, "stale")]
+
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=second["ReceiptHandle"])
+    assert message_counts(sqs, queue_url) == (0, 0)
+    # Deleting a deleted message succeeds, with any of its handles.
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=first["ReceiptHandle"])
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=second["ReceiptHandle"])
+    assert delete_results(sqs_server, queue_url) == [
+        (message_id, "stale"),
+        (message_id, "ok"),
+        (message_id, "ok"),
+        (message_id, "ok"),
+    ]
+    with pytest.raises(sqs.exceptions.ReceiptHandleIsInvalid):
+        sqs.delete_message(QueueUrl=queue_url, ReceiptHandle="not-a-handle")
+
+
+def test_stale_delete_leaves_the_message_to_be_received_again(sqs: Any, queue_url: str) -> None:
+    sqs.send_message(QueueUrl=queue_url, MessageBody="m")
+    first = receive_one(sqs, queue_url, visibility=1)
+    second = receive_again(sqs, queue_url, first["MessageId"])
+    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=first["ReceiptHandle"])
+    change(sqs, queue_url, second["ReceiptHandle"], 0)  # the latest lease is untouched
+    assert receive_one(sqs, queue_url, visibility=30)["Body"] == "m"
+
+
+def test_delete_batch_with_stale_handle_succeeds_but_keeps_the_message(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    # moto serves a standard queue in send order, which makes the receives predictable.
+    stale_id = sqs.send_message(QueueUrl=queue_url, MessageBody="stale")["MessageId"]
+    fresh_id = sqs.send_message(QueueUrl=queue_url, MessageBody="fresh")["MessageId"]
+    first = receive_one(sqs, queue_url, visibility=1)
+    fresh = receive_one(sqs, queue_url, visibility=30)
+    assert [first["MessageId"], fresh["MessageId"]] == [stale_id, fresh_id]
+    latest = receive_again(sqs, queue_url, stale_id)
+
+    result = sqs.delete_message_batch(
+        QueueUrl=queue_url,
+        Entries=[
+            {"Id": "stale", "ReceiptHandle": first["ReceiptHandle"]},
+            {"Id": "fresh", "ReceiptHandle": fresh["ReceiptHandle"]},
+            {"Id": "unknown", "ReceiptHandle": "not-a-handle"},
+        ],
+    )
+    assert sorted(entry["Id"] for entry in result["Successful"]) == ["fresh", "stale"]
+    assert [(f["Id"], f["Code"], f["SenderFault"]) for f in result["Failed"]] == [
+        ("unknown", "ReceiptHandleIsInvalid", True)
+    ]
+    assert message_counts(sqs, queue_url) == (0, 1)  # moto would have deleted both
+    assert delete_results(sqs_server, queue_url) == [
+        (stale_id, "stale"),
+        (fresh_id, "ok"),
+        (None, "ReceiptHandleIsInvalid"),
+    ]
+
+    result = sqs.delete_message_batch(
+        QueueUrl=queue_url,
+        Entries=[
+            {"Id": "latest", "ReceiptHandle": latest["ReceiptHandle"]},
+            {"Id": "again", "ReceiptHandle": fresh["ReceiptHandle"]},
+        ],
+    )
+    assert sorted(entry["Id"] for entry in result["Successful"]) == ["again", "latest"]
+    assert result.get("Failed", []) == []
+    assert message_counts(sqs, queue_url) == (0, 0)
+    assert delete_results(sqs_server, queue_url)[3:] == [(stale_id, "ok"), (fresh_id, "ok")]
+
+
 # -- concurrency ----------------------------------------------------------------------
 
 
@@ -388,6 +509,285 @@ def test_invalid_fault_is_rejected(sqs_server: StrictSQSServer) -> None:
     with pytest.raises(ValueError, match="seconds"):
         sqs_server.inject_fault("SendMessage", "delay")
     assert sqs_server.pending_faults() == []
+
+
+# -- fault rules: outages, failure fractions, latency ---------------------------------
+
+
+def poll_until_it_succeeds(call: Callable[[], object], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call()
+            return
+        except ClientError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_outage_fails_every_action_until_its_window_ends(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    started = time.monotonic()
+    sqs_server.outage(seconds=1.5, kind="server_error")
+    for call in (sqs.list_queues, lambda: sqs.get_queue_attributes(QueueUrl=queue_url)):
+        with pytest.raises(ClientError) as excinfo:
+            call()
+        assert error_code(excinfo) == "InternalError"
+
+    poll_until_it_succeeds(lambda: sqs.get_queue_attributes(QueueUrl=queue_url), timeout=5)
+    # The server's monotonic clock is this process's one: the window began after `started`.
+    assert time.monotonic() - started >= 1.5
+    assert sqs_server.pending_faults() == []
+
+
+def test_outage_of_some_actions_spares_the_others_and_can_end_early(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.outage(seconds=60, kind="throttle", actions=["ReceiveMessage"])
+    sqs.send_message(QueueUrl=queue_url, MessageBody="m")
+    with pytest.raises(ClientError) as excinfo:
+        sqs.receive_message(QueueUrl=queue_url)
+    assert error_code(excinfo) == "ThrottlingException"
+
+    sqs_server.end_outages()
+    receive_one(sqs, queue_url, visibility=30)
+
+
+def test_calls_failed_by_an_outage_are_counted_but_not_logged(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs.send_message(QueueUrl=queue_url, MessageBody="m")
+    handle = receive_one(sqs, queue_url, visibility=30)["ReceiptHandle"]
+    sqs_server.reset_calls()
+    sqs_server.outage(seconds=60, kind="drop_connection", actions=["ChangeMessageVisibility"])
+    for _ in range(3):
+        with pytest.raises(ConnectionClosedError):
+            change(sqs, queue_url, handle, 0)
+
+    assert sqs_server.calls() == {"ChangeMessageVisibility": 3}
+    queue = queue_url.rsplit("/", 1)[1]
+    assert [e["action"] for e in sqs_server.events() if e["queue"] == queue] == ["receive"]
+    receive_none(sqs, queue_url)  # no release reached moto
+
+
+def test_pending_faults_describe_every_rule_until_cleared(
+    sqs_server: StrictSQSServer, sqs: Any
+) -> None:
+    sqs_server.inject_fault("SendMessage", "timeout", count=2, seconds=3)
+    sqs_server.outage(seconds=60, kind="access_denied", actions="ReceiveMessage")
+    sqs_server.fail_fraction(0.25, "garbage", seed=3)
+    sqs_server.add_latency(0.015)
+
+    pending = sqs_server.pending_faults()
+    assert 50 < pending[1].pop("remaining_seconds") <= 60
+    assert pending == [
+        {"type": "count", "action": "SendMessage", "kind": "timeout", "count": 2, "seconds": 3},
+        {
+            "type": "outage",
+            "actions": ["ReceiveMessage"],
+            "kind": "access_denied",
+            "fault_seconds": 0,
+        },
+        {
+            "type": "fraction",
+            "actions": None,
+            "kind": "garbage",
+            "fault_seconds": 0,
+            "probability": 0.25,
+            "seed": 3,
+        },
+        {"type": "latency", "actions": None, "seconds": 0.015},
+    ]
+    sqs_server.clear_faults()
+    assert sqs_server.pending_faults() == []
+    for _ in range(10):  # a fraction left behind would fail some of them
+        sqs.list_queues()
+
+
+def test_invalid_rules_are_rejected(sqs_server: StrictSQSServer) -> None:
+    with pytest.raises(ValueError, match="'seconds' must be a positive number"):
+        sqs_server.outage(seconds=0, kind="throttle")
+    with pytest.raises(ValueError, match="'fault_seconds' > 0"):
+        sqs_server.outage(seconds=5, kind="timeout")
+    with pytest.raises(ValueError, match="'actions'"):
+        sqs_server.outage(seconds=5, kind="throttle", actions=[])
+    with pytest.raises(ValueError, match="'probability'"):
+        sqs_server.fail_fraction(1.5, "throttle")
+    with pytest.raises(ValueError, match="'seed'"):
+        sqs_server.fail_fraction(0.5, "throttle", seed="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'seconds'"):
+        sqs_server.add_latency(-0.1)
+    assert sqs_server.pending_faults() == []
+
+
+def failures_of_get_queue_url(sqs: Any, queue_url: str, calls: int) -> list[bool]:
+    name = queue_url.rsplit("/", 1)[1]
+    failed: list[bool] = []
+    for _ in range(calls):
+        try:
+            sqs.get_queue_url(QueueName=name)
+        except ClientError as err:
+            assert err.response["Error"]["Code"] == "ThrottlingException"
+            failed.append(True)
+        else:
+            failed.append(False)
+    return failed
+
+
+def test_failure_fraction_fails_about_that_share_of_calls(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.fail_fraction(0.5, "throttle", actions=["GetQueueUrl"], seed=1)
+    assert 60 <= sum(failures_of_get_queue_url(sqs, queue_url, 200)) <= 140
+    for _ in range(10):
+        sqs.get_queue_attributes(QueueUrl=queue_url)  # other actions are spared
+
+
+def test_seeded_failure_fraction_repeats_its_pattern(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    patterns = []
+    for _ in range(2):
+        sqs_server.clear_faults()
+        sqs_server.fail_fraction(0.5, "throttle", actions=["GetQueueUrl"], seed=42)
+        patterns.append(failures_of_get_queue_url(sqs, queue_url, 40))
+    assert patterns[0] == patterns[1]
+    assert 0 < sum(patterns[0]) < 40
+
+
+def test_latency_delays_each_call_without_serialising_them(
+    sqs_server: StrictSQSServer, queue_url: str
+) -> None:
+    clients = [make_client(sqs_server) for _ in range(2)]
+    for client in clients:
+        client.get_queue_attributes(QueueUrl=queue_url)  # connect before timing
+    sqs_server.add_latency(0.2)
+    durations: list[float] = []
+    barrier = threading.Barrier(len(clients))
+
+    def timed_call(client: Any) -> None:
+        barrier.wait()
+        started = time.monotonic()
+        client.get_queue_attributes(QueueUrl=queue_url)
+        durations.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=timed_call, args=(client,)) for client in clients]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    total = time.monotonic() - started
+
+    assert len(durations) == 2
+    assert min(durations) >= 0.2
+    assert total < 0.35  # served one after the other, they would need 0.4 s
+
+
+def test_latency_of_some_actions_spares_the_others(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.add_latency(0.5, actions=["SendMessage"])
+    started = time.monotonic()
+    sqs.get_queue_attributes(QueueUrl=queue_url)
+    assert time.monotonic() - started < 0.5
+    started = time.monotonic()
+    sqs.send_message(QueueUrl=queue_url, MessageBody="m")
+    assert time.monotonic() - started >= 0.5
+
+
+AUTH_FAULTS = [
+    ("access_denied", "AccessDenied", "AccessDeniedException"),
+    ("invalid_credentials", "InvalidClientTokenId", "UnrecognizedClientException"),
+]
+
+
+@pytest.mark.parametrize(("kind", "code", "json_code"), AUTH_FAULTS)
+def test_auth_fault_has_the_query_code_in_the_json_protocol(
+    sqs_server: StrictSQSServer,
+    sqs: Any,
+    queue_url: str,
+    kind: FaultKind,
+    code: str,
+    json_code: str,
+) -> None:
+    sqs_server.inject_fault("ReceiveMessage", kind)
+    with pytest.raises(ClientError) as excinfo:
+        sqs.receive_message(QueueUrl=queue_url)
+    assert error_code(excinfo) == code
+    assert excinfo.value.response["Error"]["QueryErrorCode"] == json_code
+    assert excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+@pytest.fixture(scope="module")
+def query_sqs(sqs_server: StrictSQSServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A botocore SQS client that speaks the query protocol, as botocore did until 1.31.
+
+    Only its error answers parse properly: the JSON model it is made from lacks the
+    query protocol's result wrappers.
+    """
+    model = botocore.loaders.Loader().load_service_model("sqs", "service-2")
+    model["metadata"].update(protocol="query", protocols=["query"])
+    data_path = tmp_path_factory.mktemp("botocore-data")
+    model_dir = data_path / "sqs" / model["metadata"]["apiVersion"]
+    model_dir.mkdir(parents=True)
+    (model_dir / "service-2.json").write_text(json.dumps(model))
+    session = botocore.session.get_session()
+    session.get_component("data_loader").search_paths.insert(0, str(data_path))
+    return session.create_client("sqs", config=NO_RETRIES, **sqs_server.boto3_kwargs)
+
+
+@pytest.mark.parametrize(("kind", "code", "json_code"), AUTH_FAULTS)
+def test_auth_fault_in_the_query_protocol(
+    sqs_server: StrictSQSServer, query_sqs: Any, kind: FaultKind, code: str, json_code: str
+) -> None:
+    sqs_server.inject_fault("ListQueues", kind)
+    with pytest.raises(ClientError) as excinfo:
+        query_sqs.list_queues()
+    assert error_code(excinfo) == code
+    metadata = excinfo.value.response["ResponseMetadata"]
+    assert metadata["HTTPStatusCode"] == 403
+    assert metadata["HTTPHeaders"]["content-type"] == "text/xml"
+
+
+def test_garbage_fault_fails_to_parse_and_has_no_side_effect(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.inject_fault("SendMessage", "garbage")
+    # botocore's JSON parser would take text it cannot parse for an empty answer.
+    with pytest.raises(UnicodeDecodeError):
+        sqs.send_message(QueueUrl=queue_url, MessageBody="lost")
+    receive_none(sqs, queue_url)
+
+
+def test_garbage_fault_in_the_query_protocol(sqs_server: StrictSQSServer, query_sqs: Any) -> None:
+    sqs_server.inject_fault("ListQueues", "garbage")
+    with pytest.raises(ResponseParserError):
+        query_sqs.list_queues()
+
+
+def test_timeout_fault_is_a_read_timeout(sqs_server: StrictSQSServer, queue_url: str) -> None:
+    config = NO_RETRIES.merge(Config(connect_timeout=5, read_timeout=1))
+    sqs = boto3.client("sqs", config=config, **sqs_server.boto3_kwargs)
+    sqs_server.inject_fault("GetQueueAttributes", "timeout", seconds=3)
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError):
+        sqs.get_queue_attributes(QueueUrl=queue_url)
+    assert 1 <= time.monotonic() - started < 2.5
+    sqs.get_queue_attributes(QueueUrl=queue_url)
+
+
+def test_timeout_fault_drops_the_connection_after_holding_it(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.inject_fault("SendMessage", "timeout", seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosedError):
+        sqs.send_message(QueueUrl=queue_url, MessageBody="lost")
+    assert time.monotonic() - started >= 0.5
+    receive_none(sqs, queue_url)
 
 
 # -- observability --------------------------------------------------------------------
