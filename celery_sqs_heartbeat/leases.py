@@ -11,7 +11,7 @@ and the caller (``manager``) holds a lock around every call: nothing here is thr
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
@@ -66,6 +66,7 @@ class Lease:
     received_at: float
     task_id: str | None = None
     task_name: str | None = None
+    message_id: str | None = None
     receive_count: int = 1
     expires_at: float = field(init=False)
     renewals: int = 0
@@ -136,6 +137,11 @@ class LeaseBook:
 
     def __len__(self) -> int:
         return sum(len(leases) for leases in self._by_queue.values())
+
+    def __iter__(self) -> Iterator[Lease]:
+        """Every lease being renewed, queue by queue (for inspection, under the lock)."""
+        for leases in self._by_queue.values():
+            yield from leases.values()
 
     def add(self, lease: Lease) -> None:
         self._by_queue.setdefault(lease.queue, {})[id(lease)] = lease

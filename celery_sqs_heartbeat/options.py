@@ -22,6 +22,11 @@ __all__ = ["HeartbeatOptions", "InvalidTransportOption"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30
 
+#: Where the Prometheus exporter listens once ``metrics_port`` is set: every interface,
+#: as Prometheus exporters do, because the scraper runs on another host or pod. Setting
+#: the port is the opt-in, and the page holds counts and error codes, never task data.
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"
+
 #: The options this package adds beside kombu's own SQS options.
 OPTION_NAMES = (
     "visibility_timeout",
@@ -32,6 +37,8 @@ OPTION_NAMES = (
     "release_on_failure",
     "release_delay",
     "release_on_shutdown",
+    "metrics_port",
+    "metrics_address",
 )
 
 
@@ -51,6 +58,9 @@ class HeartbeatOptions:
     release_on_failure: bool = False
     release_delay: tuple[int, ...] = (0,)
     release_on_shutdown: bool = True
+    #: TCP port of the Prometheus exporter of a worker's main process; None: no exporter.
+    metrics_port: int | None = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
@@ -71,6 +81,8 @@ class HeartbeatOptions:
             release_on_failure=_boolean(options, "release_on_failure", False),
             release_delay=_release_delay(options),
             release_on_shutdown=_boolean(options, "release_on_shutdown", True),
+            metrics_port=_metrics_port(options),
+            metrics_address=_metrics_address(options),
         )
         if not extension:
             return base
@@ -170,6 +182,27 @@ def _checked_whole_seconds(name: str, value: Any, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidTransportOption(f"{name}={value!r}: allowed range is {low} to {high} seconds")
     return value
+
+
+def _metrics_port(options: Mapping[str, Any]) -> int | None:
+    value = options.get("metrics_port")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidTransportOption(
+            f"metrics_port={value!r}: must be a TCP port, 1 to 65535, or None (no exporter)"
+        )
+    return value
+
+
+def _metrics_address(options: Mapping[str, Any]) -> str:
+    value = options.get("metrics_address", DEFAULT_METRICS_ADDRESS)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidTransportOption(
+            f"metrics_address={value!r}: must be the address to listen on, such as "
+            f"{DEFAULT_METRICS_ADDRESS!r} (every interface) or '127.0.0.1' (this host only)"
+        )
+    return value.strip()
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:

@@ -11,7 +11,13 @@ import pytest
 
 from celery_sqs_heartbeat import manager as manager_module
 from celery_sqs_heartbeat.leases import EntryResult, Lease, LeasePolicy
-from celery_sqs_heartbeat.manager import VisibilityExtensionManager, shared_manager
+from celery_sqs_heartbeat.manager import (
+    SUMMARY_INTERVAL,
+    LeaseStatus,
+    VisibilityExtensionManager,
+    shared_manager,
+)
+from celery_sqs_heartbeat.metrics import LeaseMetrics, process_metrics
 
 from .conftest import FakeClock, FakeQueue, make_lease
 
@@ -526,3 +532,383 @@ def test_the_thread_starts_at_the_first_track_not_before(queue: FakeQueue) -> No
     assert thread.daemon
     manager.track(make_lease(queue, task_id="second"), check_interval=3600)
     assert manager._thread is thread
+
+
+# --- counters -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counters() -> LeaseMetrics:
+    return LeaseMetrics()
+
+
+@pytest.fixture
+def counted(
+    clock: FakeClock, counters: LeaseMetrics, monkeypatch: pytest.MonkeyPatch
+) -> VisibilityExtensionManager:
+    """A manager like ``manager``, counting into ``counters`` rather than the process's."""
+    instance = VisibilityExtensionManager(clock=clock, metrics=counters)
+    monkeypatch.setattr(instance, "_ensure_thread", lambda: None)
+    return instance
+
+
+def test_a_manager_counts_into_the_process_counters_by_default() -> None:
+    manager = VisibilityExtensionManager(clock=FakeClock())
+
+    assert manager._metrics is process_metrics()
+
+
+def test_each_renewal_call_is_counted_with_its_entries_and_their_margins(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    tracked(counted, queue, task_id="a")  # due at 20, expires at 30
+    clock.now = 5
+    tracked(counted, queue, task_id="b")  # expires at 35: renewed early to fill the call
+    clock.now = 21
+
+    counted.check()
+
+    current = counters.snapshot()
+    assert current.renewal_calls == 1
+    assert current.renewal_entries == 2
+    margin = current.renewal_margin
+    assert (margin.count, margin.min, margin.max, margin.sum) == (2, 9, 14, 23)
+    assert current.renewal_failures == {}
+
+
+def test_the_margin_is_counted_from_the_renewed_expiry_next_time(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    tracked(counted, queue)
+    clock.now = 20
+    counted.check()  # renewed until 50
+    clock.now = 40.5
+    counted.check()
+
+    margin = counters.snapshot().renewal_margin
+    assert (margin.count, margin.min, margin.max) == (2, 9.5, 10)
+
+
+@pytest.mark.parametrize(
+    ("result", "reason", "code"),
+    [
+        (EntryResult.TRANSIENT, "ThrottlingException: Rate exceeded", "ThrottlingException"),
+        (EntryResult.TRANSIENT, "ReadTimeoutError('Read timeout')", "ReadTimeoutError"),
+        (EntryResult.LOST, "MessageNotInflight: not in flight", "MessageNotInflight"),
+    ],
+)
+def test_failed_entries_are_counted_by_error_code(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+    result: EntryResult,
+    reason: str,
+    code: str,
+) -> None:
+    ok = tracked(counted, queue, task_id="ok")
+    failing = tracked(counted, queue, task_id="failing")
+    queue.answer(failing, result, reason)
+    clock.now = 20
+
+    counted.check()
+
+    assert counters.snapshot().renewal_failures == {code: 1}
+    assert ok.renewals == 1
+
+
+def test_a_call_that_raises_counts_each_entry_as_failed_under_the_error_name(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    tracked(counted, queue, task_id="a")
+    tracked(counted, queue, task_id="b")
+    queue.error = RuntimeError("bug in the queue")
+    clock.now = 20
+
+    counted.check()
+
+    current = counters.snapshot()
+    assert current.renewal_calls == 1
+    assert current.renewal_failures == {"RuntimeError": 2}
+
+
+def test_a_missing_answer_counts_as_a_failure_with_no_answer(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    counters: LeaseMetrics,
+) -> None:
+    class Silent(FakeQueue):
+        def change_visibility(self, entries: Any) -> dict[Lease, tuple[EntryResult, str]]:
+            return {}
+
+    tracked(counted, Silent())
+    clock.now = 20
+
+    counted.check()
+
+    assert counters.snapshot().renewal_failures == {"NoAnswer": 1}
+
+
+def test_a_renewal_failing_after_its_lease_ended_is_not_counted_as_a_failure(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    lease = tracked(counted, queue)
+    queue.answer(lease, EntryResult.LOST, "ReceiptHandleIsInvalid: deleted")
+    queue.during_call = lambda entries: counted.end(lease)  # the ack won the race
+    clock.now = 20
+
+    counted.check()
+
+    current = counters.snapshot()
+    assert current.renewal_calls == 1
+    assert current.renewal_failures == {}
+    assert current.leases_lost == 0
+
+
+def test_lost_leases_are_counted_whether_gone_or_run_out(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    counters: LeaseMetrics,
+) -> None:
+    gone_queue, failing_queue = FakeQueue("gone"), FakeQueue("failing")
+    gone = tracked(counted, gone_queue, task_id="gone")
+    gone_queue.answer(gone, EntryResult.LOST, "MessageNotInflight: gone")
+    tracked(counted, failing_queue, task_id="runs-out")
+    failing_queue.answer_all(EntryResult.TRANSIENT, "InternalError: later")
+    for now in range(20, 31):
+        clock.now = now
+        counted.check()
+
+    current = counters.snapshot()
+    assert current.leases_lost == 2
+    assert current.renewal_failures == {"MessageNotInflight": 1, "InternalError": 11}
+    assert current.leases_held == 0
+
+
+def test_releases_are_counted_when_sqs_confirms_them(
+    counted: VisibilityExtensionManager,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    leases = [tracked(counted, queue, task_id=f"t-{i}") for i in range(3)]
+    queue.answer(leases[2], EntryResult.TRANSIENT, "InternalError: later")
+
+    counted.release([(lease, 0) for lease in leases], "shutdown")
+
+    current = counters.snapshot()
+    assert current.messages_released == 2
+    assert current.renewal_calls == 0  # a release is not a renewal
+
+
+def test_leases_held_follows_track_end_release_and_loss(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    def held() -> int:
+        return counters.snapshot().leases_held
+
+    acked, released, lost, kept = (tracked(counted, queue, task_id=f"t-{i}") for i in range(4))
+    assert held() == 4
+    counted.end(acked)
+    assert held() == 3
+    counted.release([(released, 0)], "requeue")
+    assert held() == 2
+    queue.answer(lost, EntryResult.LOST, "MessageNotInflight: gone")
+    clock.now = 20
+    counted.check()
+    assert held() == 1
+    assert kept.renewals == 1
+
+
+# --- the lease listing --------------------------------------------------------------------
+
+
+def test_leases_lists_each_lease_being_renewed_oldest_first(
+    counted: VisibilityExtensionManager, clock: FakeClock
+) -> None:
+    first, second = FakeQueue("first"), FakeQueue("second")
+    old = tracked(counted, first, task_id="old", task_name="tasks.old")
+    clock.now = 12
+    tracked(counted, second, task_id="new", task_name="tasks.new")
+    clock.now = 20
+    counted.check()  # "old" is renewed until 50; "new" is not due before 32
+    clock.now = 25
+
+    listing = counted.leases()
+
+    assert listing == [
+        LeaseStatus(
+            task_id="old",
+            task_name="tasks.old",
+            queue="first",
+            age=25,
+            renewals=1,
+            expires_in=25,
+        ),
+        LeaseStatus(
+            task_id="new",
+            task_name="tasks.new",
+            queue="second",
+            age=13,
+            renewals=0,
+            expires_in=17,
+        ),
+    ]
+    assert old.renewals == 1
+
+
+def test_leases_leaves_out_ended_leases(
+    counted: VisibilityExtensionManager, queue: FakeQueue
+) -> None:
+    acked = tracked(counted, queue, task_id="acked")
+    tracked(counted, queue, task_id="running")
+
+    counted.end(acked)
+
+    assert [status.task_id for status in counted.leases()] == ["running"]
+
+
+def test_leases_of_an_idle_manager_is_empty(counted: VisibilityExtensionManager) -> None:
+    assert counted.leases() == []
+
+
+# --- the DEBUG summary --------------------------------------------------------------------
+
+
+def summaries_in(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == MANAGER_LOGGER
+        and r.levelno == logging.DEBUG
+        and r.getMessage().startswith("SQS lease summary:")
+    ]
+
+
+def test_the_summary_comes_at_the_first_check_then_once_a_period(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=MANAGER_LOGGER)
+    tracked(counted, queue)
+
+    counted.check()
+    assert summaries_in(caplog) == [
+        "SQS lease summary: held=1 renewal_calls=0 renewal_entries=0 renewal_failures=0 "
+        "lost=0 released=0 receive_errors=0 margin_seconds none "
+        "(counts since the process started)"
+    ]
+
+    for now in range(1, int(SUMMARY_INTERVAL)):  # renewed at 20 and 40, no new summary
+        clock.now = now
+        counted.check()
+    assert len(summaries_in(caplog)) == 1
+
+    clock.now = SUMMARY_INTERVAL
+    counted.check()
+    second = summaries_in(caplog)[1]
+    assert second.startswith("SQS lease summary: held=1 renewal_calls=3 renewal_entries=3 ")
+    assert "margin_seconds min=10.00 median<=10.00 max=10.00" in second
+
+
+def test_the_summary_stops_once_no_lease_is_held_and_nothing_moves(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=MANAGER_LOGGER)
+    lease = tracked(counted, queue)
+    counted.check()  # the first summary
+    clock.now = 20
+    counted.check()  # a renewal
+    clock.now = 30
+    counted.end(lease)
+
+    for now in (SUMMARY_INTERVAL, 2 * SUMMARY_INTERVAL, 3 * SUMMARY_INTERVAL):
+        clock.now = now
+        counted.check()
+
+    first, last = summaries_in(caplog)  # one more, for the lease that ended
+    assert first.startswith("SQS lease summary: held=1 ")
+    assert last.startswith("SQS lease summary: held=0 renewal_calls=1 ")
+
+
+def test_a_summary_reports_what_happened_since_the_last_even_without_leases(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    counters: LeaseMetrics,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=MANAGER_LOGGER)
+    counted.check()
+    assert summaries_in(caplog) == []  # nothing held, nothing counted: nothing to say
+    assert counted._idle_timeout() is None  # so the idle thread sleeps until woken
+
+    counters.record_receive_error("InternalError")  # the transport's receive failed
+    clock.now = 10
+    assert counted._idle_timeout() == SUMMARY_INTERVAL - 10  # wake up when it is due
+    clock.now = SUMMARY_INTERVAL
+    assert counted._idle_timeout() == 0
+    counted.check()
+
+    (summary,) = summaries_in(caplog)
+    assert "held=0 " in summary
+    assert "receive_errors=1 (InternalError=1)" in summary
+    assert counted._idle_timeout() is None
+
+
+def test_no_summary_is_built_unless_debug_is_on(
+    counted: VisibilityExtensionManager,
+    queue: FakeQueue,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=MANAGER_LOGGER)
+    tracked(counted, queue)
+
+    counted.check()
+
+    assert summaries_in(caplog) == []
+    assert counted._idle_timeout() is None
+
+
+def test_an_idle_thread_wakes_for_an_owed_summary_then_sleeps_until_woken(
+    counted: VisibilityExtensionManager,
+    counters: LeaseMetrics,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=MANAGER_LOGGER)
+    counters.record_released(3)  # the last leases were released: worth one more line
+    waits: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        if len(waits) == 2:
+            raise _StopLoop
+        return False
+
+    monkeypatch.setattr(counted._changed, "wait", wait)
+
+    with pytest.raises(_StopLoop):
+        counted._run()
+
+    assert waits == [0.0, None]
+    (summary,) = summaries_in(caplog)
+    assert "released=3" in summary

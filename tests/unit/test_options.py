@@ -297,3 +297,59 @@ def test_release_delay_for_follows_the_schedule_and_repeats_its_last_step(
 @pytest.mark.parametrize("receive_count", [0, 1, 2, 50])
 def test_release_delay_for_a_single_delay_is_always_that_delay(receive_count: int) -> None:
     assert parse(release_delay=45).release_delay_for(receive_count) == 45
+
+
+# --- the Prometheus exporter's options ----------------------------------------------------
+
+
+def test_the_exporter_is_off_by_default_and_listens_on_every_interface_when_on() -> None:
+    assert parse().metrics_port is None
+    assert parse().metrics_address == "0.0.0.0"
+
+
+@pytest.mark.parametrize("port", [1, 9100, 65535])
+def test_a_metrics_port_and_address_are_kept(port: int) -> None:
+    options = parse(metrics_port=port, metrics_address=" 127.0.0.1 ")
+
+    assert options.metrics_port == port
+    assert options.metrics_address == "127.0.0.1"
+
+
+def test_a_metrics_port_of_none_means_no_exporter() -> None:
+    assert parse(metrics_port=None).metrics_port is None
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, "9100", 9100.0, True])
+def test_a_bad_metrics_port_is_refused_with_the_allowed_range(port: Any) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(metrics_port=port)
+
+    assert str(raised.value) == (
+        f"metrics_port={port!r}: must be a TCP port, 1 to 65535, or None (no exporter)"
+    )
+
+
+@pytest.mark.parametrize("address", ["", "  ", None, 127001, ["0.0.0.0"]])
+def test_a_bad_metrics_address_is_refused_with_examples(address: Any) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(metrics_port=9100, metrics_address=address)
+
+    message = str(raised.value)
+    assert message.startswith(f"metrics_address={address!r}: must be the address to listen on")
+    assert "'127.0.0.1'" in message
+
+
+def test_extension_off_still_checks_the_metrics_options() -> None:
+    with pytest.raises(InvalidTransportOption, match="metrics_port=0"):
+        parse(visibility_extension=False, metrics_port=0)
+
+    assert parse(visibility_extension=False, metrics_port=9100).metrics_port == 9100
+
+
+def test_a_near_miss_of_metrics_port_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger=OPTIONS_LOGGER):
+        parse(metric_port=9100)
+
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "'metric_port'" in warning
+    assert "'metrics_port'" in warning
