@@ -12,24 +12,40 @@ Where a lease lives, in kombu's terms:
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Iterable
+from functools import partial
+from queue import Empty
 from typing import Any, cast
 
 from botocore.client import BaseClient
+from celery.exceptions import WorkerShutdown
+from celery.platforms import EX_FAILURE
 from celery.utils.log import get_logger
+from kombu.asynchronous import Hub, set_event_loop
 from kombu.transport import SQS
 from kombu.transport.virtual import Channel as VirtualChannel
 from kombu.utils.objects import cached_property
+from vine import promise
 
+from . import (
+    control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
+    metrics,
+)
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
+from .prometheus import start_exporter
+from .receiving import NO_ANSWER, ReceiveBackoff, ReceiveFailure, classify_receive_error
 from .sqs import SQSQueue
 
 __all__ = ["Channel", "QoS", "Transport"]
 
 logger = get_logger(__name__)
+
+#: kombu's Mailbox names a remote-control reply queue ``<routing key>.<reply exchange>``.
+_PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 
 #: How long closing a channel waits for the release of unstarted messages to go out.
 SHUTDOWN_RELEASE_TIMEOUT = 10.0
@@ -78,6 +94,9 @@ class Channel(SQS.Channel):
         #: Leases of messages received from SQS but not yet handed to the consumer.
         self._undelivered: dict[str, Lease] = {}
         self._bulk_leases: list[Lease] | None = None
+        #: The delivery tag of every message held here, by SQS message id.
+        self._tags_by_message_id: dict[str, str] = {}
+        self._receive_backoff = ReceiveBackoff()
         #: When each queue's pending long poll was sent, by queue URL.
         self._polls_pending: dict[str, float] = {}
 
@@ -116,6 +135,51 @@ class Channel(SQS.Channel):
         # must be the one the manager renews.
         params.setdefault("VisibilityTimeout", self.visibility_timeout)
 
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        # Consumers only: producers never open a port, and in a prefork worker the main
+        # process, which consumes, is the one that holds and renews the leases.
+        start_exporter(self.options)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> list[str]:
+        """Route remote-control replies to the asking client's own reply queue.
+
+        SQS keeps bindings only in the memory of the process that declared them, so a
+        worker never knows the reply queue of ``celery inspect``, and kombu dropped
+        every reply without a word.
+        """
+        queues: list[str] = super()._lookup(exchange, routing_key, default)
+        if not queues and routing_key and _PIDBOX_REPLY_EXCHANGE.fullmatch(exchange or ""):
+            return [f"{routing_key}.{exchange}"]
+        return queues
+
+    def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
+        """Delete a no-ack message; without an event loop (``celery inspect``), blocking."""
+        if self.hub is not None:
+            super()._delete_message(queue_name, message)
+            return
+        self.sqs(queue=queue_name).delete_message(
+            QueueUrl=self._new_queue(queue_name), ReceiptHandle=message["ReceiptHandle"]
+        )
+
+    def _schedule_queue(self, queue: str) -> None:
+        """The worker's receive loop, one turn per queue: wait out a failing queue's backoff.
+
+        kombu's loop stops for good when a receive raises, and kombu 5.7 ends the worker
+        when SQS answers with an error; here a failed turn only delays the next one.
+        """
+        if queue in self._active_queues:
+            wait = self._receive_backoff.wait(self.canonical_queue_name(queue), self._now())
+            if wait > 0:
+                self._event_loop.call_later(wait, self._schedule_queue, queue)
+                return
+        try:
+            super()._schedule_queue(queue)
+        except Exception as exc:
+            # Before anything was sent: the queue's URL or the client could not be had.
+            self._receive_failed(self.canonical_queue_name(queue), classify_receive_error(exc))
+            self._event_loop.call_soon(self._schedule_queue, queue)
+
     def _get_from_sqs(
         self,
         queue_name: str,
@@ -124,17 +188,99 @@ class Channel(SQS.Channel):
         count: int = 1,
         callback: Any = None,
     ) -> Any:
-        self._polls_pending[queue_url] = self.manager.clock()
-        pending = connection.receive_message(
+        """Send the asynchronous long poll; whatever comes back keeps the loop going."""
+        self._polls_pending[queue_url] = self._now()
+        answered = promise(
+            self._on_receive_answer,
+            (queue_name, queue_url, callback),
+            on_error=self._on_receive_error,
+        )
+        connection.receive_message(
             queue_name,
             queue_url,
             number_messages=count,
             visibility_timeout=self.visibility_timeout,
             wait_time_seconds=self.wait_time_seconds,
-            callback=callback,
+            callback=answered,
         )
-        pending.then(lambda *_: self._polls_pending.pop(queue_url, None))
-        return pending
+        return answered
+
+    def _on_receive_answer(
+        self, queue_name: str, queue_url: str, callback: Any, answer: Any
+    ) -> None:
+        self._polls_pending.pop(queue_url, None)
+        if isinstance(answer, dict):
+            self._receive_succeeded(queue_name)
+        else:
+            # kombu's client turns a 5xx, a timeout or a dropped connection into a list.
+            self._receive_failed(queue_name, NO_ANSWER)
+            answer = {}
+        # On the next turn of the hub: an error while delivering is kombu's or Celery's,
+        # and must not be taken for an error of the receive.
+        self._event_loop.call_soon(partial(callback, answer))
+
+    def _on_receive_error(
+        self, queue_name: str, queue_url: str, callback: Any, error: BaseException
+    ) -> None:
+        self._polls_pending.pop(queue_url, None)
+        self._receive_failed(queue_name, classify_receive_error(error))
+        # An empty answer lets kombu schedule the next turn, which waits out the backoff.
+        self._event_loop.call_soon(partial(callback, {}))
+
+    def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """The blocking receive (gevent, eventlet, plain kombu): failures read as empty."""
+        queue_name = self.canonical_queue_name(queue)
+        if self._receive_backoff.wait(queue_name, self._now()) > 0:
+            raise Empty()
+        try:
+            response = super()._receive_message(queue, *args, **kwargs)
+        except Exception as exc:
+            self._receive_failed(queue_name, classify_receive_error(exc))
+            raise Empty() from None
+        self._receive_succeeded(queue_name)
+        if self._bulk_leases is not None and queue not in self._noack_queues:
+            received = response.get("Messages") or []
+            to_deliver, leases = self._leases_from_receive(received, self._new_queue(queue), queue)
+            response["Messages"] = to_deliver
+            self._bulk_leases.extend(leases)
+        return response
+
+    def _receive_failed(self, queue_name: str, failure: ReceiveFailure) -> None:
+        metrics.record_receive_error(failure.code)
+        if failure.fatal:
+            logger.critical(
+                "Cannot receive from SQS queue %s (%s): retrying cannot fix this, so the "
+                "worker stops. Check the queue name, the region, the credentials and "
+                "their IAM permissions.",
+                queue_name,
+                failure,
+            )
+            raise WorkerShutdown(EX_FAILURE)
+        if self._receive_backoff.failed(queue_name, self._now()):
+            logger.warning(
+                "Receiving from SQS queue %s failed (%s); retrying with backoff until it works",
+                queue_name,
+                failure,
+            )
+
+    def _receive_succeeded(self, queue_name: str) -> None:
+        recovery = self._receive_backoff.succeeded(queue_name, self._now())
+        if recovery is not None:
+            logger.info(
+                "Receiving from SQS queue %s works again, after %d failed attempt(s) in %.1f s",
+                queue_name,
+                recovery.failures,
+                recovery.seconds,
+            )
+
+    @property
+    def _event_loop(self) -> Hub:
+        # Only the asynchronous receive path uses it, and kombu takes that path only
+        # when the channel has an event loop.
+        return cast(Hub, self.hub)
+
+    def _now(self) -> float:
+        return self.manager.clock()
 
     def _shutdown_release_delay(self, queue_url: str) -> int:
         """Seconds until this channel's own pending long poll on the queue must be over.
@@ -145,7 +291,7 @@ class Channel(SQS.Channel):
         sent_at = self._polls_pending.get(queue_url)
         if sent_at is None:
             return 0
-        return max(0, math.ceil(sent_at + int(self.wait_time_seconds) - self.manager.clock()))
+        return max(0, math.ceil(sent_at + int(self.wait_time_seconds) - self._now()))
 
     def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
         """The worker's receive path: leases for the whole batch, then kombu's delivery.
@@ -154,11 +300,10 @@ class Channel(SQS.Channel):
         each task runs before the next message is handed over. So every message's lease
         starts here, when SQS's lease starts, not when the consumer gets to it.
         """
-        received = (messages.get("Messages") or []) if isinstance(messages, dict) else []
-        if qname not in self.connection._callbacks or qname in self._noack_queues:
-            # kombu releases or deletes these itself.
-            received = []
-        leases = self._leases_from_receive(received, queue, qname)
+        leases: list[Lease] = []
+        received = messages.get("Messages") or []
+        if received and qname in self.connection._callbacks and qname not in self._noack_queues:
+            messages["Messages"], leases = self._leases_from_receive(received, queue, qname)
         try:
             return super()._on_messages_ready(queue, qname, messages)
         finally:
@@ -173,23 +318,24 @@ class Channel(SQS.Channel):
             leases, self._bulk_leases = self._bulk_leases or [], None
             self._release_undelivered(leases)
 
-    def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        response = super()._receive_message(queue, *args, **kwargs)
-        if self._bulk_leases is not None and queue not in self._noack_queues:
-            received = response.get("Messages") or []
-            queue_url = self._new_queue(queue)
-            self._bulk_leases.extend(self._leases_from_receive(received, queue_url, queue))
-        return response
-
     def _leases_from_receive(
         self, received: list[dict[str, Any]], queue_url: str, queue_name: str
-    ) -> list[Lease]:
-        """Leases are born: SQS has just started hiding these messages from others."""
-        now = self.manager.clock()
-        born = []
+    ) -> tuple[list[dict[str, Any]], list[Lease]]:
+        """Leases are born: SQS has just started hiding these messages from others.
+
+        Returns the messages to hand to the consumer, and their leases. A message this
+        channel holds already is not handed over twice: its lease lapsed (an outage
+        longer than a lease) and SQS gave it out again, maybe to this very worker.
+        Then the task in progress keeps running here, on the new lease. Opting out of
+        renewals opts out of this too: kombu's own behaviour, redeliveries and all.
+        """
+        now = self._now()
+        to_deliver: list[dict[str, Any]] = []
+        born: list[Lease] = []
         for sqs_message in received:
             handle = sqs_message.get("ReceiptHandle")
             if not handle:
+                to_deliver.append(sqs_message)
                 continue
             attributes = sqs_message.get("Attributes") or {}
             lease = Lease(
@@ -197,13 +343,49 @@ class Channel(SQS.Channel):
                 queue=self._lease_queue(queue_url, queue_name),
                 policy=self.lease_policy,
                 received_at=now,
-                receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+                message_id=sqs_message.get("MessageId"),
+                receive_count=_receive_count(attributes),
             )
-            self._undelivered[handle] = lease
             if self.options.visibility_extension:
                 self.manager.track(lease, self.options.visibility_extension_interval)
+                if self._adopt_redelivery(lease):
+                    continue
+            self._hold(handle, lease)
+            to_deliver.append(sqs_message)
             born.append(lease)
-        return born
+        return to_deliver, born
+
+    def _adopt_redelivery(self, lease: Lease) -> bool:
+        """If ``lease`` is a new receive of a message held here, move the holder onto it."""
+        tag = self._tags_by_message_id.get(lease.message_id or "")
+        held = self.leases.get(tag) or self._undelivered.get(tag) if tag else None
+        if tag is None or held is None:
+            return False
+        self.manager.end(held)
+        lease.task_id, lease.task_name = held.task_id, held.task_name
+        if tag in self.leases:
+            self.leases[tag] = lease
+        else:
+            self._undelivered[tag] = lease
+        logger.warning(
+            "SQS delivered message %s again while this worker still holds it (%s); it is not "
+            "run twice here, and its lease continues on the new receipt",
+            lease.message_id,
+            held.describe(),
+        )
+        return True
+
+    def _hold(self, tag: str, lease: Lease) -> None:
+        self._undelivered[tag] = lease
+        if lease.message_id:
+            self._tags_by_message_id[lease.message_id] = tag
+
+    def _let_go(self, tag: str) -> Lease | None:
+        """Forget a delivered message (acked, rejected or released); its lease, if any."""
+        lease = self.leases.pop(tag, None)
+        if lease is not None and lease.message_id:
+            self._tags_by_message_id.pop(lease.message_id, None)
+        return lease
 
     def claim_lease(self, message: Any, delivery_tag: str) -> None:
         """The consumer took ``message``: its lease now lasts until the ack or reject."""
@@ -213,14 +395,18 @@ class Channel(SQS.Channel):
             info = message.delivery_info
             if not info.get("sqs_queue"):
                 return
-            born = self._leases_from_receive(
-                [info.get("sqs_message") or {"ReceiptHandle": delivery_tag}],
+            sqs_message = info.get("sqs_message") or {"ReceiptHandle": delivery_tag}
+            _, born = self._leases_from_receive(
+                [sqs_message],
                 info["sqs_queue"],
                 self.canonical_queue_name(info.get("routing_key") or ""),
             )
             if not born:
                 return
-            lease = self._undelivered.pop(delivery_tag)
+            lease = born[0]
+            self._undelivered.pop(lease.receipt_handle, None)
+            if lease.message_id:
+                self._tags_by_message_id[lease.message_id] = delivery_tag
         headers = message.headers or {}
         lease.task_id = headers.get("id")
         lease.task_name = headers.get("task")
@@ -232,7 +418,13 @@ class Channel(SQS.Channel):
         A body kombu cannot decode raises before delivery; without this its lease would be
         renewed for as long as the worker lives.
         """
-        stranded = [lease for lease in leases if self._undelivered.pop(lease.receipt_handle, None)]
+        # Keyed by the handle of the receive; the lease may since be a newer receive's.
+        stranded = [
+            held for lease in leases if (held := self._undelivered.pop(lease.receipt_handle, None))
+        ]
+        for lease in stranded:
+            if lease.message_id:
+                self._tags_by_message_id.pop(lease.message_id, None)
         if stranded:
             logger.warning(
                 "Releasing %d received message(s) that were never delivered to the consumer",
@@ -261,7 +453,7 @@ class Channel(SQS.Channel):
 
     def end_leases(self, delivery_tags: Iterable[str], reason: str) -> None:
         """Release unstarted messages at shutdown, or just stop renewing them."""
-        leases = [lease for tag in delivery_tags if (lease := self.leases.pop(tag, None))]
+        leases = [lease for tag in delivery_tags if (lease := self._let_go(tag))]
         if not leases:
             return
         if self.options.release_on_shutdown:
@@ -279,9 +471,10 @@ class Channel(SQS.Channel):
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         # The lease ends before the delete is sent: no renewal may start after it.
-        lease = self.leases.pop(delivery_tag, None)
+        lease = self._let_go(delivery_tag)
         if lease is not None:
             self.manager.end(lease)
+            self._point_kombu_at(delivery_tag, lease)
         super().basic_ack(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
@@ -290,7 +483,7 @@ class Channel(SQS.Channel):
         SQS then counts the receive and moves the message to the dead-letter queue after
         ``maxReceiveCount``: retries are bookkept where they survive the worker.
         """
-        lease = self.leases.pop(delivery_tag, None)
+        lease = self._let_go(delivery_tag)
         releasing = lease is not None and (
             requeue
             or (self.options.release_on_failure and not self.qos.is_backoff_task(delivery_tag))
@@ -298,6 +491,7 @@ class Channel(SQS.Channel):
         if lease is None or not releasing:
             if lease is not None:
                 self.manager.end(lease)
+                self._point_kombu_at(delivery_tag, lease)
             super().basic_reject(delivery_tag, requeue)
             return
         delay = self.options.release_delay_for(lease.receive_count)
@@ -305,6 +499,14 @@ class Channel(SQS.Channel):
         # kombu's own reject would delete the message, or re-publish it on requeue; here
         # it only has to forget the delivery.
         VirtualChannel.basic_reject(self, delivery_tag, requeue=False)
+
+    def _point_kombu_at(self, delivery_tag: str, lease: Lease) -> None:
+        """Make kombu's delete use the newest receipt: SQS ignores a delete by an older one."""
+        try:
+            sqs_message = self.qos.get(delivery_tag).delivery_info["sqs_message"]
+        except KeyError:
+            return
+        sqs_message["ReceiptHandle"] = lease.receipt_handle
 
 
 class Transport(SQS.Transport):
@@ -319,6 +521,29 @@ class Transport(SQS.Transport):
         )
         super().__init__(client, **kwargs)
         self.lease_queues: dict[str, SQSQueue] = {}
+        if (client.transport_options or {}).get("supports_fanout"):
+            # Broadcasts go through SNS then; saying so is what makes Celery start remote
+            # control, which kombu's SQS transport never declares.
+            self.implements = self.implements.extend(exchange_type=frozenset({"direct", "fanout"}))
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Celery hands its event loop over on every (re)connect: poll and talk on it.
+
+        kombu's SQS channels and their HTTP client take the process's current event loop
+        when they are made, and Celery's consumer clears it when its loop stops. So after
+        a reconnect, kombu's channels found no loop and never received again, however
+        healthy SQS was.
+        """
+        set_event_loop(loop)
+        for channel in self.channels:
+            channel.hub = loop
+
+
+def _receive_count(attributes: dict[str, Any]) -> int:
+    try:
+        return int(attributes.get("ApproximateReceiveCount", 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _running_task_ids() -> set[str]:

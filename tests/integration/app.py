@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import Reject
 
 app = Celery("heartbeat_it")
@@ -26,6 +27,12 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
+
+if os.environ.get("IT_IMPORT_CONTROL") == "1":
+    # What a user's app module does so that the ``celery inspect`` command line, which
+    # checks command names before it connects, knows ``sqs_leases``. Workers get the
+    # commands from the transport, so the tests set this for the command line only.
+    import celery_sqs_heartbeat.control  # noqa: F401
 
 
 def _record(task_id: str, name: str, started: float, outcome: str) -> None:
@@ -65,3 +72,20 @@ def fails(self, label: str, how: str) -> None:
     if how == "requeue":
         raise Reject("requeued by the test", requeue=True)
     raise RuntimeError("failed by the test")
+
+
+@signals.worker_ready.connect
+def _lose_the_connection_later(sender: Any, **_: Any) -> None:
+    """With IT_DROP_CONNECTION_AFTER, break the consumer's connection once, as a network would.
+
+    The error surfaces inside the event loop, where Celery's consumer treats it as a lost
+    broker connection and restarts it.
+    """
+    seconds = os.environ.pop("IT_DROP_CONNECTION_AFTER", None)
+    if seconds is None or sender.hub is None:
+        return
+
+    def lose() -> None:
+        raise ConnectionResetError("connection to SQS dropped by the test")
+
+    sender.hub.call_later(float(seconds), sender.hub.call_soon, lose)

@@ -112,7 +112,15 @@ def new_bed(server: StrictSQSServer, tmp_path: Path) -> Bed:
 class Worker:
     """A ``celery worker`` subprocess, as a user starts one."""
 
-    def __init__(self, bed: Bed, pool: str, concurrency: int, name: str, env: dict[str, str]):
+    def __init__(
+        self,
+        bed: Bed,
+        pool: str,
+        concurrency: int,
+        name: str,
+        env: dict[str, str],
+        loglevel: str = "info",
+    ):
         self.log_path = bed.logs / f"worker-{name}.log"
         self._log = self.log_path.open("w")
         command = [
@@ -129,7 +137,7 @@ class Worker:
             "-n",
             f"{name}@%h",
             "-l",
-            "info",
+            loglevel,
             "--without-heartbeat",
             "--without-mingle",
             "--without-gossip",
@@ -157,6 +165,15 @@ class Worker:
         self._log.flush()
         return self.log_path.read_text()
 
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the worker's main process only, as ``kill -SIG PID`` does."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def pool_pids(self) -> list[int]:
+        """Pids of the worker's child processes (its prefork pool), read from /proc."""
+        return [pid for pid, ppid in _process_parents().items() if ppid == self.process.pid]
+
     def warm_shutdown(self, timeout: float = 60) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -171,9 +188,14 @@ class Worker:
 
 @contextmanager
 def worker(
-    bed: Bed, pool: str = "prefork", concurrency: int = 2, name: str = "w1", **env: Any
+    bed: Bed,
+    pool: str = "prefork",
+    concurrency: int = 2,
+    name: str = "w1",
+    loglevel: str = "info",
+    **env: Any,
 ) -> Iterator[Worker]:
-    process = Worker(bed, pool, concurrency, name, bed.env(**env))
+    process = Worker(bed, pool, concurrency, name, bed.env(**env), loglevel)
     try:
         process.wait_ready()
         yield process
@@ -192,3 +214,27 @@ def overlapping(executions: list[dict[str, Any]]) -> list[str]:
         if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
             clashes.append(task_id)
     return clashes
+
+
+def _process_parents() -> dict[int, int]:
+    """The parent pid of every process on the machine, from /proc (Linux only)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name in parentheses may hold spaces; the fields after it do not.
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited: no such process, or a zombie nobody has reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

@@ -40,7 +40,14 @@ def test_opting_out_brings_back_the_stock_redelivery(bed: Bed) -> None:
     ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(2)]
     # A free slot is what picks an expired message up again, so there is one spare.
     with worker(
-        bed, "prefork", 3, options={"visibility_timeout": LEASE, "visibility_extension": False}
+        bed,
+        "prefork",
+        3,
+        options={
+            "visibility_timeout": LEASE,
+            "visibility_extension": False,
+            "release_on_shutdown": False,
+        },
     ) as process:
         bed.wait_for_executions(len(ids) + 1, timeout=60)
         log = process.log

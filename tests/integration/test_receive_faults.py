@@ -1,0 +1,115 @@
+"""Failed receives never end the worker; only a queue or identity that is wrong does."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import pytest
+
+from .harness import Bed, Worker, worker
+
+LEASE = 4
+
+#: Every way a ReceiveMessage can fail that retrying fixes, several times each in a row.
+TRANSIENT_FAULTS = [("server_error", 3), ("drop_connection", 3), ("throttle", 3)]
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 2), ("solo", 1), ("gevent", 4)])
+def test_failed_receives_are_retried_and_the_worker_keeps_consuming(
+    bed: Bed, pool: str, concurrency: int
+) -> None:
+    before = bed.send("busy", "before", 0.1)
+    with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
+        bed.wait_for_executions(1, timeout=30)
+        for kind, count in TRANSIENT_FAULTS:
+            bed.server.inject_fault("ReceiveMessage", kind, count=count)
+        wait_until(lambda: not bed.server.pending_faults(), timeout=60)
+        after = bed.send("busy", "after", 0.1)
+        runs = bed.wait_for_executions(2, timeout=60)
+        log = process.log
+        assert process.process.poll() is None, log
+    assert len(runs) == 2, log
+    assert bed.runs_per_task() == {before: 1, after: 1}
+    queue = bed.queue
+    assert log.count(f"Receiving from SQS queue {queue} failed") == 1, log
+    # botocore's own retries absorb some faults on the blocking path (gevent).
+    assert re.search(rf"Receiving from SQS queue {queue} works again, after \d+ failed", log)
+    assert "Unrecoverable error" not in log
+    assert "Traceback" not in log
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_deleted_queue_stops_the_worker_with_a_message_naming_it(bed: Bed, pool: str) -> None:
+    url = bed.create_queue(visibility_timeout=LEASE)
+    process = Worker(bed, pool, 2, "w1", bed.env(options={"visibility_timeout": LEASE}))
+    process.wait_ready()
+    bed.sqs().delete_queue(QueueUrl=url)
+    try:
+        exit_code = process.process.wait(timeout=60)
+        log = process.log
+    finally:
+        process.warm_shutdown()
+    assert exit_code != 0, log
+    assert f"Cannot receive from SQS queue {bed.queue} (" in log, log
+    assert "does not exist" in log
+    assert "so the worker stops" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 4), ("gevent", 4)])
+def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_twice(
+    bed: Bed, pool: str, concurrency: int
+) -> None:
+    outage = 10
+    long_ids = [bed.send("busy", f"long-{n}", 2 * outage) for n in range(2)]
+    with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
+        wait_until(lambda: log_has(process, "Task tests.integration.app.busy", 2), timeout=30)
+        time.sleep(1)
+        before = bed.server.calls()
+        bed.server.outage(outage, "drop_connection")
+        time.sleep(outage)
+        during = bed.server.calls()
+        after_id = bed.send("busy", "after", 0.1)
+        runs = bed.wait_for_executions(3, timeout=60)
+        bed.wait_for_executions(4, timeout=LEASE + 2)
+        log = process.log
+        assert process.process.poll() is None, log
+    assert len(runs) == 3, log
+    assert bed.runs_per_task() == dict.fromkeys([*long_ids, after_id], 1), log
+    for task_id in long_ids:
+        task = f"task tests.integration.app.busy[{task_id}]"
+        assert log.count(f"Lost the SQS lease of {task}") == 1, log
+        # SQS gave the message out again, to this worker: it must not run it twice.
+        assert log.count(f"again while this worker still holds it ({task})") == 1, log
+    # Renewals stop once the leases are lost: at most one call per check for one lease.
+    renewals = during.get("ChangeMessageVisibilityBatch", 0)
+    renewals -= before.get("ChangeMessageVisibilityBatch", 0)
+    assert renewals <= LEASE + 2, (before, during)
+    assert "Traceback" not in log
+    assert_queue_empty(bed)
+
+
+def log_has(process: Worker, text: str, count: int) -> bool:
+    return process.log.count(text) >= count
+
+
+def assert_queue_empty(bed: Bed) -> None:
+    sqs = bed.sqs()
+    url = sqs.get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert attributes == {
+        "ApproximateNumberOfMessages": "0",
+        "ApproximateNumberOfMessagesNotVisible": "0",
+    }
