@@ -40,11 +40,21 @@ Faults come in four shapes, so that scenarios can simulate both blips and outage
 * ``fail_fraction``: each call of some or all actions fails with probability p, from an
   optionally seeded generator so that a run can be repeated;
 * ``add_latency``: every call of some or all actions is answered that much later. The
-  wait happens in the request's own thread, so concurrent calls are not serialised.
+  wait happens in the request's own thread, so concurrent calls are not serialised;
+* ``fail_entries``: the next entries of DeleteMessageBatch or ChangeMessageVisibilityBatch
+  calls fail one by one with an error code, the rest of each call going through.
 
 The kinds of failure are listed at :data:`FAULT_KINDS`. ``clear_faults`` removes them
 all and ``pending_faults`` lists them. A faulted call is counted by ``calls`` but never
 reaches moto, so it leaves nothing in the event log.
+
+``enforce_iam`` turns on moto's IAM enforcement, so that an IAM policy can be tested
+before it meets AWS. Two of moto's authorisation rules differ from AWS's in ways that
+matter to an SQS consumer, and are fixed here: a batch call (e.g.
+ChangeMessageVisibilityBatch) is authorised as its single action, since IAM has no
+actions of its own for batches, and CreateQueue and GetQueueUrl are authorised on the ARN
+of the queue they name (moto checks them against "*"). Every call the enforcement refuses
+is kept, for ``refused_calls``.
 
 Run it with ``python -m celery_sqs_heartbeat.testing.strict_sqs --port 0``; it prints
 ``STRICT_SQS_READY http://127.0.0.1:PORT`` once it serves, and stops on SIGTERM/SIGINT.
@@ -72,6 +82,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +101,7 @@ __all__ = [
     "FAULT_KINDS",
     "Event",
     "FaultKind",
+    "Refusal",
     "StrictSQSServer",
     "main",
 ]
@@ -107,6 +119,10 @@ LONG_POLL_INTERVAL = 0.1
 """How often a waiting long poll looks for messages whose lease expired."""
 NOT_AVAILABLE_REASON = "Message does not exist or is not available for visibility timeout change."
 MESSAGE_NOT_INFLIGHT = "AWS.SimpleQueueService.MessageNotInflight"
+#: The batch actions whose entries :meth:`StrictSQSServer.fail_entries` can fail.
+_BATCH_ACTIONS_WITH_ENTRY_FAULTS = ("DeleteMessageBatch", "ChangeMessageVisibilityBatch")
+#: Per-entry codes that are SQS's fault, not the sender's.
+_SERVER_ENTRY_CODES = frozenset({"InternalError", "ServiceUnavailable"})
 _BATCH_ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _QUERY_ENTRY_ID_KEY = re.compile(r"[^.]+\.(\d+)\.Id")
 
@@ -151,6 +167,14 @@ None of them reaches moto, except delay.
 """
 EventAction = Literal["receive", "change_visibility", "delete"]
 
+_IAM_ACTIONS = {
+    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
+    "DeleteMessageBatch": "DeleteMessage",
+    "SendMessageBatch": "SendMessage",
+}
+"""The IAM action that authorises each SQS batch call: IAM has none of its own for them."""
+_ACTIONS_ON_A_NAMED_QUEUE = frozenset({"CreateQueue", "GetQueueUrl"})
+
 
 class Event(TypedDict):
     """One per-message operation the server saw.
@@ -165,6 +189,23 @@ class Event(TypedDict):
     queue: str
     visibility: int | None
     result: str
+
+
+class Refusal(TypedDict):
+    """A call that IAM enforcement refused before the service saw it.
+
+    ``code`` is ``AccessDenied`` (no policy allows it), ``InvalidClientTokenId`` (an
+    unknown access key) or ``SignatureDoesNotMatch`` (a wrong secret key). ``action`` is
+    the API call as sent, e.g. ``ChangeMessageVisibilityBatch``; an AccessDenied
+    ``message`` names the user and the IAM action that was checked.
+    """
+
+    t: float
+    service: str
+    action: str
+    access_key_id: str
+    code: str
+    message: str
 
 
 # --------------------------------------------------------------------------------------
@@ -232,11 +273,14 @@ class _Recorder:
         self._calls: Counter[str] = Counter()
         self._entries: Counter[str] = Counter()
         self._faults: dict[str, list[_CountedFault]] = {}
+        #: Per-entry failures of batch actions: ``[code, entries left]`` in order.
+        self._entry_faults: dict[str, list[list[Any]]] = {}
         self._outages: list[_Outage] = []
         self._fractions: list[_FailureFraction] = []
         self._latencies: list[_Latency] = []
         self._events: list[Event] = []
         self._receipts: dict[str, _Receipt] = {}
+        self._refusals: list[Refusal] = []
 
     def count_call(self, action: str, entries: int) -> None:
         with self._lock:
@@ -256,6 +300,22 @@ class _Recorder:
     def add_fault(self, action: str, fault: _CountedFault) -> None:
         with self._lock:
             self._faults.setdefault(action, []).append(fault)
+
+    def add_entry_fault(self, action: str, code: str, count: int) -> None:
+        with self._lock:
+            self._entry_faults.setdefault(action, []).append([code, count])
+
+    def take_entry_fault(self, action: str) -> str | None:
+        """The error code the next entry of a batch call of ``action`` fails with, if any."""
+        with self._lock:
+            planned = self._entry_faults.get(action)
+            if not planned:
+                return None
+            code: str = planned[0][0]
+            planned[0][1] -= 1
+            if planned[0][1] == 0:
+                planned.pop(0)
+            return code
 
     def add_outage(self, outage: _Outage) -> None:
         with self._lock:
@@ -325,6 +385,11 @@ class _Recorder:
                     for f in planned
                 ),
                 *(
+                    {"type": "entries", "action": action, "code": code, "count": left}
+                    for action, planned in self._entry_faults.items()
+                    for code, left in planned
+                ),
+                *(
                     {
                         "type": "outage",
                         "actions": _describe_actions(o.actions),
@@ -358,6 +423,7 @@ class _Recorder:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._entry_faults.clear()
             self._outages.clear()
             self._fractions.clear()
             self._latencies.clear()
@@ -398,6 +464,14 @@ class _Recorder:
     def clear_events(self) -> None:
         with self._lock:
             self._events.clear()
+
+    def record_refusal(self, refusal: Refusal) -> None:
+        with self._lock:
+            self._refusals.append(refusal)
+
+    def refusals(self) -> list[Refusal]:
+        with self._lock:
+            return list(self._refusals)
 
 
 def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
@@ -547,6 +621,10 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
                     )
                 )
                 continue
+            code = recorder.take_entry_fault("ChangeMessageVisibilityBatch")
+            if code is not None:
+                failed.append(_entry_fault(entry["Id"], code))
+                continue
             try:
                 backend.change_message_visibility(
                     queue_name, entry.get("ReceiptHandle", ""), visibility_timeout
@@ -599,6 +677,10 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
         failed: list[dict[str, Any]] = []
         for entry in entries:
             handle = entry.get("ReceiptHandle", "")
+            code = recorder.take_entry_fault("DeleteMessageBatch")
+            if code is not None:
+                failed.append(_entry_fault(entry["Id"], code))
+                continue
             try:
                 backend.delete_message(queue_name, handle)
             except ReceiptHandleIsInvalid:
@@ -626,8 +708,96 @@ def _install_strict_rules(recorder: _Recorder, max_hold_seconds: float) -> None:
         setattr(SQSBackend, name, function)
 
 
+def _install_iam_rules(recorder: _Recorder) -> None:
+    """Make moto's IAM enforcement authorise SQS calls as AWS does, and keep its refusals.
+
+    Nothing changes until :func:`_enforce_iam`: before it, moto checks no call at all.
+    """
+    from moto.core.authorization import ActionAuthenticatorMixin
+    from moto.iam.access_control import IAMRequest
+    from moto.sqs.responses import SQSResponse
+    from moto.utilities.utils import get_partition
+    from werkzeug.exceptions import HTTPException
+
+    class SQSIAMRequest(IAMRequest):
+        """moto would ask for ``sqs:ChangeMessageVisibilityBatch``, which no policy grants."""
+
+        def __init__(self, *, action: str, **kwargs: Any) -> None:
+            super().__init__(action=_IAM_ACTIONS.get(action, action), **kwargs)
+
+    def authorize_sqs_action(response: SQSResponse, resource: str = "*") -> None:
+        response._authenticate_and_authorize_action(SQSIAMRequest, resource)
+
+    original_resource = SQSResponse._determine_resource
+
+    def determine_resource(response: SQSResponse) -> str:
+        """The queue a call acts on; for CreateQueue and GetQueueUrl, the one they name.
+
+        moto resolves those two to "*", so a policy that grants them on the queues' ARNs,
+        as AWS expects, would be refused.
+        """
+        if response._get_action() in _ACTIONS_ON_A_NAMED_QUEUE:
+            name = response._get_param("QueueName")
+            if isinstance(name, str) and name:
+                account = response._get_param("QueueOwnerAWSAccountId") or (
+                    response.current_account
+                )
+                region = response.region
+                return f"arn:{get_partition(region)}:sqs:{region}:{account}:{name}"
+        resource: str = original_resource(response)
+        return resource
+
+    original_authorize = ActionAuthenticatorMixin._authenticate_and_authorize_action
+
+    def authorize_and_record(response: Any, iam_request_cls: type, resource: str = "*") -> None:
+        try:
+            original_authorize(response, iam_request_cls, resource)
+        except HTTPException as refusal:
+            recorder.record_refusal(_describe_refusal(response, refusal))
+            raise
+
+    patches: list[tuple[type, str, Callable[..., Any]]] = [
+        (SQSResponse, "_authenticate_and_authorize_normal_action", authorize_sqs_action),
+        (SQSResponse, "_determine_resource", determine_resource),
+        (ActionAuthenticatorMixin, "_authenticate_and_authorize_action", authorize_and_record),
+    ]
+    for owner, name, function in patches:
+        setattr(owner, name, function)
+
+
+def _describe_refusal(response: Any, refusal: Exception) -> Refusal:
+    # "AWS4-HMAC-SHA256 Credential=AKIA.../20261123/us-east-1/sqs/aws4_request, ..."
+    authorization: str = response.headers.get("Authorization") or ""
+    scope = authorization.partition("Credential=")[2].partition(",")[0].split("/")
+    return Refusal(
+        t=time.time(),
+        service=scope[3] if len(scope) > 3 else "",
+        action=str(response._get_action()),
+        access_key_id=scope[0],
+        code=str(getattr(refusal, "error_type", type(refusal).__name__)),
+        message=str(getattr(refusal, "message", refusal)),
+    )
+
+
+def _enforce_iam() -> None:
+    """moto checks every call once it has served this many unchecked ones; 0 is "now"."""
+    from moto import settings
+
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+
+
 def _failed_entry(entry_id: str, code: str, message: str) -> dict[str, Any]:
     return {"Id": entry_id, "SenderFault": True, "Code": code, "Message": message}
+
+
+def _entry_fault(entry_id: str, code: str) -> dict[str, Any]:
+    """An injected per-entry failure: SQS's fault unless the code names the sender's."""
+    return {
+        "Id": entry_id,
+        "SenderFault": code not in _SERVER_ENTRY_CODES,
+        "Code": code,
+        "Message": f"{code} injected by the strict SQS server",
+    }
 
 
 class _SQSCall(NamedTuple):
@@ -686,6 +856,11 @@ _FAULT_REPLIES: dict[str, _ErrorReply] = {
     ),
 }
 _GARBAGE_BODY = b"\xff\xfe\x00 not an SQS answer <"
+_IAM_REFUSAL_JSON_TYPES = {
+    "AccessDenied": "com.amazon.coral.service#AccessDeniedException",
+    "InvalidClientTokenId": "com.amazon.coral.service#UnrecognizedClientException",
+    "SignatureDoesNotMatch": "com.amazon.coral.service#InvalidSignatureException",
+}
 
 
 def _buffer_body(environ: WSGIEnvironment) -> bytes:
@@ -830,6 +1005,18 @@ def _parse_fault(body: bytes) -> tuple[str, _CountedFault]:
     return action, _CountedFault(failure, count)
 
 
+def _parse_entry_fault(body: bytes) -> tuple[str, str, int]:
+    payload = _json_object(body)
+    action, code, count = payload.get("action"), payload.get("code"), payload.get("count", 1)
+    if action not in _BATCH_ACTIONS_WITH_ENTRY_FAULTS:
+        raise ValueError(f"'action' must be one of {', '.join(_BATCH_ACTIONS_WITH_ENTRY_FAULTS)}")
+    if not isinstance(code, str) or not code:
+        raise ValueError("'code' must be an SQS error code, e.g. InternalError")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError("'count' must be a positive integer")
+    return action, code, count
+
+
 def _parse_outage(body: bytes) -> _Outage:
     payload = _json_object(body)
     seconds = _number(payload, "seconds", 0, positive=True)
@@ -880,10 +1067,15 @@ class _StrictApp:
             ("GET", "faults"): lambda _: recorder.pending_faults(),
             ("POST", "faults"): lambda body: recorder.add_fault(*_parse_fault(body)),
             ("DELETE", "faults"): lambda _: recorder.clear_faults(),
+            ("POST", "entry_faults"): lambda body: recorder.add_entry_fault(
+                *_parse_entry_fault(body)
+            ),
             ("POST", "outages"): lambda body: recorder.add_outage(_parse_outage(body)),
             ("DELETE", "outages"): lambda _: recorder.end_outages(),
             ("POST", "fractions"): lambda body: recorder.add_fraction(_parse_fraction(body)),
             ("POST", "latency"): lambda body: recorder.add_latency(_parse_latency(body)),
+            ("POST", "iam/enforce"): lambda _: _enforce_iam(),
+            ("GET", "iam/refusals"): lambda _: recorder.refusals(),
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -900,10 +1092,10 @@ class _StrictApp:
         if latency:
             time.sleep(latency)
         if fault is None:
-            return self._moto_app(environ, start_response)
+            return self._serve(environ, start_response, call)
         if fault.kind == "delay":
             time.sleep(fault.seconds)
-            return self._moto_app(environ, start_response)
+            return self._serve(environ, start_response, call)
         if fault.kind == "timeout":
             time.sleep(fault.seconds)
         if fault.kind in ("drop_connection", "timeout"):
@@ -915,6 +1107,52 @@ class _StrictApp:
         if fault.kind == "garbage":
             return _garbage_reply(start_response, call)
         return _error_reply(start_response, call, _FAULT_REPLIES[fault.kind])
+
+    def _serve(
+        self, environ: WSGIEnvironment, start_response: StartResponse, call: _SQSCall
+    ) -> Iterable[bytes]:
+        """moto's answer, with an IAM refusal in the JSON protocol when the client used it.
+
+        moto answers a refusal in XML whatever the protocol, which botocore reads over
+        JSON as error code "403": kombu's check for ``AccessDenied`` would miss it, and
+        logs would not name the error. SQS answers it in JSON, with the query code.
+        """
+        if not call.json_protocol:
+            return self._moto_app(environ, start_response)
+        refused: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def hold_refusal(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], object]:
+            if status.startswith("403 "):
+                refused.append((status, headers))
+                return lambda _: None
+            return start_response(status, headers, exc_info)
+
+        answer = self._moto_app(environ, hold_refusal)
+        if not refused:
+            return answer
+        body = b"".join(answer)
+        close = getattr(answer, "close", None)
+        if close is not None:
+            close()
+        try:
+            error = ElementTree.fromstring(body).find(".//Error")
+        except ElementTree.ParseError:
+            error = None
+        code = "" if error is None else error.findtext("Code", "")
+        if code not in _IAM_REFUSAL_JSON_TYPES or error is None:
+            start_response(*refused[0])
+            return [body]
+        reply = _ErrorReply(
+            "403 Forbidden",
+            _IAM_REFUSAL_JSON_TYPES[code],
+            code,
+            "Sender",
+            error.findtext("Message", ""),
+            query_compatible=True,
+        )
+        return _error_reply(start_response, call, reply)
 
     def _control(
         self, environ: WSGIEnvironment, start_response: StartResponse, route: str
@@ -940,6 +1178,7 @@ def _build_server(port: int, max_hold_seconds: float) -> BaseWSGIServer:
 
     recorder = _Recorder()
     _install_strict_rules(recorder, max_hold_seconds)
+    _install_iam_rules(recorder)
     app = _StrictApp(DomainDispatcherApplication(create_backend_app), recorder)
     return make_server(HOST, port, app, threaded=True, request_handler=MotoRequestHandler)
 
@@ -1017,7 +1256,8 @@ class StrictSQSServer:
     """A strict SQS server in a subprocess, and the client of its control endpoints.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. The server
-    accepts any credentials; :attr:`boto3_kwargs` has the ones the tests use.
+    accepts any credentials until :meth:`enforce_iam`; :attr:`boto3_kwargs` has the ones
+    the tests use.
     """
 
     REGION = "us-east-1"
@@ -1235,6 +1475,16 @@ class StrictSQSServer:
             },
         )
 
+    def fail_entries(self, action: str, code: str, count: int = 1) -> None:
+        """Fail the next ``count`` entries of ``action`` batch calls with ``code``.
+
+        The rest of each call goes through: SQS answers a batch entry by entry, and a
+        client must retry just the entries that failed. ``action`` is
+        ``DeleteMessageBatch`` or ``ChangeMessageVisibilityBatch``; ``InternalError`` and
+        ``ServiceUnavailable`` come as SQS's fault, any other code as the sender's.
+        """
+        self._control("POST", "entry_faults", {"action": action, "code": code, "count": count})
+
     def add_latency(self, seconds: float, actions: Iterable[str] | None = None) -> None:
         """Answer every call of ``actions`` (None: every SQS action) ``seconds`` later.
 
@@ -1264,6 +1514,33 @@ class StrictSQSServer:
 
     def clear_events(self) -> None:
         self._control("DELETE", "events")
+
+    def enforce_iam(self) -> None:
+        """From now on, authenticate and authorise every AWS call, as AWS does.
+
+        Until then the server accepts any credentials, which is what most tests want.
+        After it, each call must be signed with an access key of an IAM user of this
+        server (account 123456789012), and that user's policies must allow the action on
+        the resource: the queue's ARN, or "*" for ListQueues. So create the users, their
+        policies and access keys first, with boto3 and :attr:`boto3_kwargs` against this
+        server, which also serves IAM: IAM calls are checked too, and the credentials of
+        :attr:`boto3_kwargs` belong to no user. There is no way back, so a test that
+        enforces IAM needs a server of its own. :meth:`refused_calls` lists what was
+        refused.
+
+        moto's evaluation is simpler than AWS's. It reads Effect, Action, NotAction and
+        Resource, with ``*`` wildcards only and action names case-sensitive; it treats
+        every Condition as met, and knows no queue policy, permission boundary or SCP. A
+        policy that passes here may still be refused by AWS for a condition or a boundary,
+        and one refused here may pass on AWS if it spells an action in other case or uses
+        ``?``.
+        """
+        self._control("POST", "iam/enforce")
+
+    def refused_calls(self) -> list[Refusal]:
+        """Every call refused since :meth:`enforce_iam`, oldest first, IAM calls included."""
+        refused: list[Refusal] = self._control("GET", "iam/refusals")
+        return refused
 
     def _control(self, method: str, route: str, payload: object = None) -> Any:
         request = urllib.request.Request(

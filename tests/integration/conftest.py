@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-from .harness import Bed, new_bed
+from .harness import Bed, leaks, new_bed
 
 
 @pytest.fixture
@@ -19,3 +20,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_or_receipt_handle_in_worker_logs(tmp_path: Path) -> Iterator[None]:
+    """Every scenario, faults included, is also a check of what the workers logged."""
+    yield
+    for log in sorted(tmp_path.glob("worker-*.log")):
+        found = leaks(log.read_text())
+        assert not found, f"{log.name} shows a secret or a receipt handle:\n{found[0][:500]}"

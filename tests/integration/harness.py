@@ -6,10 +6,12 @@ import collections
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +25,13 @@ from celery import Celery
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: The workers' secret key: the strict server takes any, and this one must never be logged.
+SECRET_KEY = "it-secret-key-that-must-never-be-logged"
+#: A receipt handle of the strict server (moto's: 185 lowercase letters), or 24 letters of one.
+RECEIPT_HANDLE = re.compile(r"[a-z]{24,}")
+#: Where a Celery log record starts: ``[2026-11-23 14:20:25,797: INFO/MainProcess] ...``.
+_RECORD_START = re.compile(r"^\[[^\]]*: (DEBUG|INFO|WARNING|ERROR|CRITICAL)/", re.MULTILINE)
 
 
 @dataclass
@@ -39,13 +48,13 @@ class Bed:
         options.update(overrides.pop("options", {}))
         env = dict(os.environ)
         env.update(
-            IT_BROKER_URL=self.server.broker_url,
+            IT_BROKER_URL=f"sqs://{self.server.ACCESS_KEY}:{SECRET_KEY}@127.0.0.1:{self.server.port}",
             IT_TRANSPORT_OPTIONS=json.dumps(options),
             IT_QUEUE=self.queue,
             IT_RECORD_FILE=str(self.records),
             PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
             AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
             AWS_DEFAULT_REGION="us-east-1",
         )
         env.update({key: str(value) for key, value in overrides.items()})
@@ -69,13 +78,33 @@ class Bed:
             )
         return str(sqs.create_queue(QueueName=self.queue, Attributes=attributes)["QueueUrl"])
 
-    def send(self, task: str, *args: Any, **options: Any) -> str:
-        """Publish a task the way ``task.delay()`` does, through the heartbeat transport."""
+    def send(
+        self,
+        task: str,
+        *args: Any,
+        credentials: tuple[str, str] | None = None,
+        transport_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> str:
+        """Publish a task the way ``task.delay()`` does, through the heartbeat transport.
+
+        ``credentials`` (access key ID, secret key) are those of the producer; by default
+        the server's, which it accepts unless IAM is enforced. ``transport_options`` add
+        to the producer's ``broker_transport_options``.
+        """
         with Celery("producer", set_as_current=False) as app:
             app.conf.update(
-                broker_url=self.server.broker_url,
+                broker_url=(
+                    self.server.broker_url
+                    if credentials is None
+                    else broker_url(self.server, *credentials)
+                ),
                 broker_transport="celery_sqs_heartbeat:Transport",
-                broker_transport_options={"region": "us-east-1", "is_secure": False},
+                broker_transport_options={
+                    "region": "us-east-1",
+                    "is_secure": False,
+                    **(transport_options or {}),
+                },
             )
             result = app.send_task(
                 f"tests.integration.app.{task}", args=args, queue=self.queue, **options
@@ -98,6 +127,16 @@ class Bed:
                 return done
             time.sleep(0.2)
         return self.executions()
+
+
+def broker_url(server: StrictSQSServer, access_key_id: str, secret_access_key: str) -> str:
+    """The broker URL of ``server`` with these credentials; kombu unquotes them.
+
+    AWS secret keys may hold "/" and "+", which would otherwise break the URL.
+    """
+    user = urllib.parse.quote(access_key_id, safe="")
+    password = urllib.parse.quote(secret_access_key, safe="")
+    return f"sqs://{user}:{password}@127.0.0.1:{server.port}"
 
 
 def new_bed(server: StrictSQSServer, tmp_path: Path) -> Bed:
@@ -201,6 +240,40 @@ def worker(
         yield process
     finally:
         process.warm_shutdown()
+
+
+def report(title: str, **figures: Any) -> None:
+    """A scenario's figures: shown with ``-s``, and by pytest with a failure."""
+    print(f"\n[{title}] " + ", ".join(f"{key}={value}" for key, value in figures.items()))
+
+
+def tally(bed: Bed, sent: list[str]) -> dict[str, int]:
+    """Sent, executed, duplicated and lost tasks, from the tasks' own records."""
+    runs = bed.runs_per_task()
+    return {
+        "sent": len(sent),
+        "executed": sum(runs.values()),
+        "duplicates": sum(count - 1 for count in runs.values() if count > 1),
+        "lost": sum(1 for task_id in sent if task_id not in runs),
+    }
+
+
+def leaks(log: str) -> list[str]:
+    """Log records at INFO or above that show the secret key or a receipt handle.
+
+    The banner and anything printed before the first record count as INFO. DEBUG records
+    are the operator's explicit choice to see everything, botocore's wire logs included.
+    """
+    starts = [match.start() for match in _RECORD_START.finditer(log)]
+    found = []
+    for start, end in zip([0, *starts], [*starts, len(log)], strict=True):
+        record = log[start:end]
+        level = _RECORD_START.match(record)
+        if level is not None and level.group(1) == "DEBUG":
+            continue
+        if SECRET_KEY in record or RECEIPT_HANDLE.search(record):
+            found.append(record)
+    return found
 
 
 def overlapping(executions: list[dict[str, Any]]) -> list[str]:

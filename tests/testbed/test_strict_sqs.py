@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -462,6 +463,33 @@ def test_throttle_fault(sqs_server: StrictSQSServer, sqs: Any, queue_url: str) -
     assert sqs_server.pending_faults() == []
 
 
+@pytest.mark.parametrize("action", ["DeleteMessageBatch", "ChangeMessageVisibilityBatch"])
+def test_entry_faults_fail_single_entries_and_let_the_rest_through(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str, action: str
+) -> None:
+    for n in range(3):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=f"m{n}")
+    handles = [receive_one(sqs, queue_url, 30)["ReceiptHandle"] for _ in range(3)]
+    sqs_server.fail_entries(action, "InternalError", count=2)
+    assert sqs_server.pending_faults() == [
+        {"type": "entries", "action": action, "code": "InternalError", "count": 2}
+    ]
+
+    entries = [{"Id": str(n), "ReceiptHandle": h} for n, h in enumerate(handles)]
+    if action == "DeleteMessageBatch":
+        answer = sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+    else:
+        entries = [{**entry, "VisibilityTimeout": 0} for entry in entries]
+        answer = sqs.change_message_visibility_batch(QueueUrl=queue_url, Entries=entries)
+
+    assert [entry["Id"] for entry in answer["Successful"]] == ["2"]
+    assert [(f["Id"], f["Code"], f["SenderFault"]) for f in answer["Failed"]] == [
+        ("0", "InternalError", False),
+        ("1", "InternalError", False),
+    ]
+    assert sqs_server.pending_faults() == []
+
+
 def test_server_error_fault_has_no_side_effect(
     sqs_server: StrictSQSServer, sqs: Any, queue_url: str
 ) -> None:
@@ -854,6 +882,129 @@ def test_events_show_each_message_operation(
     ]
     assert {e["message_id"] for e in events} == {message_id}
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+
+
+# -- IAM enforcement ------------------------------------------------------------------
+
+QUEUE_ARN_PREFIX = "arn:aws:sqs:us-east-1:123456789012:"
+
+
+@dataclass(frozen=True)
+class IAMBed:
+    server: StrictSQSServer
+    allowed: tuple[str, str]
+    """May send, receive, change visibility and create queues named ``allowed-*``."""
+    nobody: tuple[str, str]
+    """A user with no policy at all."""
+    allowed_queue: str
+    other_queue: str
+
+    def sqs(self, access_key_id: str, secret_access_key: str) -> Any:
+        return boto3.client(
+            "sqs",
+            endpoint_url=self.server.endpoint_url,
+            region_name=self.server.REGION,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+            config=NO_RETRIES,
+        )
+
+
+def new_user(iam: Any, name: str, policy: dict[str, Any] | None = None) -> tuple[str, str]:
+    iam.create_user(UserName=name)
+    if policy is not None:
+        iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+@pytest.fixture(scope="module")
+def iam_bed() -> Iterator[IAMBed]:
+    """A server of its own: enforcement lasts for the server's life."""
+    with StrictSQSServer() as server:
+        iam = boto3.client("iam", **server.boto3_kwargs)
+        sqs = make_client(server)
+        actions = ["SendMessage", "ReceiveMessage", "ChangeMessageVisibility", "CreateQueue"]
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": [f"sqs:{action}" for action in actions],
+                    "Resource": f"{QUEUE_ARN_PREFIX}allowed-*",
+                }
+            ],
+        }
+        bed = IAMBed(
+            server=server,
+            allowed=new_user(iam, "allowed", policy),
+            nobody=new_user(iam, "nobody"),
+            allowed_queue=sqs.create_queue(QueueName="allowed-1")["QueueUrl"],
+            other_queue=sqs.create_queue(QueueName="other-1")["QueueUrl"],
+        )
+        server.enforce_iam()
+        yield bed
+
+
+def test_enforced_iam_refuses_unknown_keys_and_wrong_secrets(iam_bed: IAMBed) -> None:
+    with pytest.raises(ClientError) as unknown:
+        make_client(iam_bed.server).list_queues()
+    assert error_code(unknown) == "InvalidClientTokenId"
+    with pytest.raises(ClientError) as unsigned:
+        iam_bed.sqs(iam_bed.allowed[0], "not-the-secret").list_queues()
+    assert error_code(unsigned) == "SignatureDoesNotMatch"
+    # The query protocol gets moto's own XML answer, which botocore reads alike.
+    status, body = query_call(iam_bed.server, {"Action": "ListQueues"})
+    assert status == 403
+    assert "<Code>InvalidClientTokenId</Code>" in body
+
+
+def test_enforced_iam_refuses_a_user_without_a_policy(iam_bed: IAMBed) -> None:
+    sqs = iam_bed.sqs(*iam_bed.nobody)
+    with pytest.raises(ClientError) as denied:
+        sqs.send_message(QueueUrl=iam_bed.allowed_queue, MessageBody="m")
+    # As from SQS over JSON: the query protocol's code, so that callers see AccessDenied.
+    assert error_code(denied) == "AccessDenied"
+    assert denied.value.response["Error"]["QueryErrorCode"] == "AccessDeniedException"
+    assert denied.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    with pytest.raises(ClientError) as batch_denied:
+        sqs.delete_message_batch(
+            QueueUrl=iam_bed.allowed_queue, Entries=[{"Id": "1", "ReceiptHandle": "x"}]
+        )
+    assert error_code(batch_denied) == "AccessDenied"
+
+    refused = [r for r in iam_bed.server.refused_calls() if r["access_key_id"] == iam_bed.nobody[0]]
+    assert [(r["service"], r["action"], r["code"]) for r in refused] == [
+        ("sqs", "SendMessage", "AccessDenied"),
+        ("sqs", "DeleteMessageBatch", "AccessDenied"),
+    ]
+    # IAM has no action of its own for a batch call: it checks the single one.
+    assert refused[1]["message"].endswith("is not authorized to perform: sqs:DeleteMessage")
+
+
+def test_enforced_iam_allows_what_the_policy_grants_on_the_queue_arn(iam_bed: IAMBed) -> None:
+    sqs = iam_bed.sqs(*iam_bed.allowed)
+    url = iam_bed.allowed_queue
+    sqs.send_message(QueueUrl=url, MessageBody="m")
+    handle = receive_one(sqs, url, visibility=30)["ReceiptHandle"]
+    # A batch call needs only the single action's permission, as in AWS.
+    renewed = sqs.change_message_visibility_batch(
+        QueueUrl=url, Entries=[{"Id": "1", "ReceiptHandle": handle, "VisibilityTimeout": 30}]
+    )
+    assert [entry["Id"] for entry in renewed["Successful"]] == ["1"]
+    # CreateQueue is checked on the ARN of the queue it names, not on "*".
+    sqs.create_queue(QueueName="allowed-2")
+
+    refusals = [
+        lambda: sqs.create_queue(QueueName="other-2"),
+        lambda: sqs.send_message(QueueUrl=iam_bed.other_queue, MessageBody="m"),
+        lambda: sqs.delete_message(QueueUrl=url, ReceiptHandle=handle),
+        lambda: sqs.list_queues(),  # granted on "*" only
+    ]
+    for call in refusals:
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert error_code(denied) == "AccessDenied"
 
 
 # -- launcher -------------------------------------------------------------------------

@@ -1,0 +1,330 @@
+"""The README's least IAM policies, proven by real workers on a server that enforces IAM.
+
+The policies are read from README.md as published, so that the documents users copy are
+the ones that ran here. moto evaluates fewer policy features than AWS (see
+``StrictSQSServer.enforce_iam``), but none that these policies use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from celery_sqs_heartbeat.testing import StrictSQSServer
+from celery_sqs_heartbeat.testing.strict_sqs import Refusal
+
+from .harness import REPO, Bed, Worker, broker_url
+
+LEASE = 3
+ACCOUNT_ID = "123456789012"
+"""moto's account: the one whose users and queues the server knows."""
+NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
+
+Keys = tuple[str, str]
+
+
+def readme_policy(role: str) -> dict[str, Any]:
+    """The policy document that follows ``<!-- iam-policy: ROLE -->`` in README.md."""
+    readme = (REPO / "README.md").read_text()
+    marker = f"<!-- iam-policy: {role} -->"
+    assert readme.count(marker) == 1, f"README.md must hold {marker} exactly once"
+    block = re.match(r"\s*```json\n(.*?)\n```", readme.split(marker, 1)[1], re.DOTALL)
+    assert block is not None, f"no ```json block right after {marker}"
+    text = block.group(1).replace("REGION", StrictSQSServer.REGION)
+    document: dict[str, Any] = json.loads(text.replace("ACCOUNT_ID", ACCOUNT_ID))
+    return document
+
+
+def without_action(policy: dict[str, Any], action: str) -> dict[str, Any]:
+    """``policy`` less one action; a statement left with no action goes, as IAM wants."""
+    statements = []
+    for statement in policy["Statement"]:
+        actions = statement["Action"]
+        actions = [actions] if isinstance(actions, str) else actions
+        kept = [a for a in actions if a != action]
+        if kept:
+            statements.append({**statement, "Action": kept})
+    assert statements != policy["Statement"], f"{action} is not in the policy"
+    return {**policy, "Statement": statements}
+
+
+@dataclass(frozen=True)
+class Enforced:
+    """A server that enforces IAM, and the keys of the users made on it beforehand."""
+
+    server: StrictSQSServer
+    producer: Keys
+    worker: Keys
+    worker_without_renewals: Keys
+    producer_without_listing: Keys
+    worker_without_listing: Keys
+    ops: Keys
+    """Stands for the infrastructure code that creates queues; allowed all of SQS."""
+
+    def sqs(self, keys: Keys) -> Any:
+        return boto3.client(
+            "sqs",
+            endpoint_url=self.server.endpoint_url,
+            region_name=StrictSQSServer.REGION,
+            aws_access_key_id=keys[0],
+            aws_secret_access_key=keys[1],
+            config=NO_RETRIES,
+        )
+
+    def refused(self, *keys: Keys) -> list[Refusal]:
+        ids = {access_key_id for access_key_id, _ in keys}
+        return [r for r in self.server.refused_calls() if r["access_key_id"] in ids]
+
+    def new_bed(self, tmp_path: Path, name: str, max_receive_count: int | None = None) -> Bed:
+        """A queue under the policies' ``celery*`` prefix, made by ops before any worker runs."""
+        bed = Bed(
+            server=self.server,
+            queue=f"celery-it-{uuid.uuid4().hex[:8]}",
+            records=tmp_path / f"executions-{name}.jsonl",
+            logs=tmp_path,
+        )
+        sqs = self.sqs(self.ops)
+        attributes = {"VisibilityTimeout": "30"}
+        if max_receive_count is not None:
+            dead = sqs.create_queue(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
+            redrive = {
+                "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
+                "maxReceiveCount": str(max_receive_count),
+            }
+            attributes["RedrivePolicy"] = json.dumps(redrive)
+        sqs.create_queue(QueueName=bed.queue, Attributes=attributes)
+        return bed
+
+    def dead_lettered(self, bed: Bed) -> int:
+        sqs = self.sqs(self.ops)
+        url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+        )
+        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def make_user(iam: Any, name: str, policy: dict[str, Any]) -> Keys:
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+@pytest.fixture(scope="module")
+def enforced() -> Iterator[Enforced]:
+    """Its own server: enforcement cannot be turned off, and would fail the other tests."""
+    with StrictSQSServer() as server:
+        iam = boto3.client("iam", **server.boto3_kwargs)
+        worker_policy = readme_policy("worker")
+        producer_policy = readme_policy("producer")
+        everything = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}],
+        }
+        setup = Enforced(
+            server=server,
+            producer=make_user(iam, "producer", producer_policy),
+            worker=make_user(iam, "worker", worker_policy),
+            worker_without_renewals=make_user(
+                iam,
+                "worker-without-renewals",
+                without_action(worker_policy, "sqs:ChangeMessageVisibility"),
+            ),
+            producer_without_listing=make_user(
+                iam, "producer-without-listing", without_action(producer_policy, "sqs:ListQueues")
+            ),
+            worker_without_listing=make_user(
+                iam, "worker-without-listing", without_action(worker_policy, "sqs:ListQueues")
+            ),
+            ops=make_user(iam, "ops", everything),
+        )
+        server.enforce_iam()
+        yield setup
+
+
+def worker_env(enforced: Enforced, keys: Keys) -> dict[str, str]:
+    """The worker's credentials, in the broker URL as a user passes them, and in the env."""
+    return {
+        "IT_BROKER_URL": broker_url(enforced.server, *keys),
+        "AWS_ACCESS_KEY_ID": keys[0],
+        "AWS_SECRET_ACCESS_KEY": keys[1],
+    }
+
+
+@contextmanager
+def workers(*specs: tuple[Bed, str, int, str, dict[str, str]]) -> Iterator[list[Worker]]:
+    """Start the workers together and wait for all, then stop them all warmly."""
+    with ExitStack() as stack:
+        started = []
+        for bed, pool, concurrency, name, env in specs:
+            process = Worker(bed, pool, concurrency, name, env)
+            stack.callback(process.warm_shutdown)
+            started.append(process)
+        for process in started:
+            process.wait_ready()
+        yield started
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return bool(condition())
+
+
+def assert_no_secret_in(logs: list[str], enforced: Enforced) -> None:
+    """The harness checks its own secret key; these workers ran with IAM users' keys."""
+    for keys in (
+        enforced.producer,
+        enforced.worker,
+        enforced.worker_without_renewals,
+        enforced.producer_without_listing,
+        enforced.worker_without_listing,
+    ):
+        for log in logs:
+            assert keys[1] not in log
+
+
+def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    # One queue per failure path: this package's release, and kombu's reject, which reads
+    # the redrive policy and leaves the message for the dead-letter queue. Both move a
+    # failed message there after one receive, so a second execution would be a bug.
+    releasing = enforced.new_bed(tmp_path, "releasing", max_receive_count=1)
+    rejecting = enforced.new_bed(tmp_path, "rejecting", max_receive_count=1)
+    producer = enforced.producer
+    long_task = releasing.send("busy", "long", 7, credentials=producer)
+    released = releasing.send("fails", "released", "error", credentials=producer)
+    rejected = rejecting.send("fails", "rejected", "error", credentials=producer)
+    env = worker_env(enforced, enforced.worker)
+    with workers(
+        (
+            releasing,
+            "threads",
+            2,
+            "releasing",
+            releasing.env(
+                options={"visibility_timeout": LEASE, "release_on_failure": True},
+                IT_ACKS_ON_FAILURE="0",
+                **env,
+            ),
+        ),
+        (
+            rejecting,
+            "threads",
+            1,
+            "rejecting",
+            rejecting.env(options={"visibility_timeout": LEASE}, IT_ACKS_ON_FAILURE="0", **env),
+        ),
+    ) as started:
+        releasing.wait_for_executions(2, timeout=30)
+        assert wait_for(
+            lambda: (
+                enforced.dead_lettered(releasing) == 1 and enforced.dead_lettered(rejecting) == 1
+            ),
+            timeout=20,
+        ), "the failed tasks' messages never reached their dead-letter queues"
+        logs = [process.log for process in started]
+
+    assert releasing.runs_per_task() == {long_task: 1, released: 1}
+    assert rejecting.runs_per_task() == {rejected: 1}
+    assert enforced.refused(enforced.producer, enforced.worker) == []
+    for log in logs:
+        assert "AccessDenied" not in log
+        assert "Could not read the redrive policy" not in log
+    assert_no_secret_in(logs, enforced)
+    changes = [
+        event
+        for event in enforced.server.events()
+        if event["queue"] == releasing.queue
+        and event["action"] == "change_visibility"
+        and event["result"] == "ok"
+    ]
+    renewals = [event for event in changes if event["visibility"] == LEASE]
+    assert len(renewals) >= 2, changes  # 7 s of work under a 3 s lease
+    assert any(event["visibility"] == 0 for event in changes), changes  # the release
+
+
+def test_the_producer_can_only_publish_and_the_worker_only_to_its_queues(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    bed = enforced.new_bed(tmp_path, "scoped")
+    bed.send("busy", "never run", 0, credentials=enforced.producer)
+    ops = enforced.sqs(enforced.ops)
+    url = ops.get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    handle = ops.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"][0]["ReceiptHandle"]
+    producer = enforced.sqs(enforced.producer)
+    for call in (
+        lambda: producer.receive_message(QueueUrl=url),
+        lambda: producer.delete_message(QueueUrl=url, ReceiptHandle=handle),
+        lambda: producer.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=handle, VisibilityTimeout=0
+        ),
+    ):
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert denied.value.response["Error"]["Code"] == "AccessDenied"
+
+    other = ops.create_queue(QueueName=f"other-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    with pytest.raises(ClientError) as denied:
+        enforced.sqs(enforced.worker).receive_message(QueueUrl=other)
+    assert denied.value.response["Error"]["Code"] == "AccessDenied"
+
+
+def test_without_change_message_visibility_the_worker_cannot_renew(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    bed = enforced.new_bed(tmp_path, "unrenewed")
+    bed.send("busy", "long", 2 * LEASE, credentials=enforced.producer)
+    keys = enforced.worker_without_renewals
+    env = bed.env(options={"visibility_timeout": LEASE}, **worker_env(enforced, keys))
+    with workers((bed, "threads", 1, "unrenewed", env)) as (process,):
+        bed.wait_for_executions(1, timeout=30)
+        log = process.log
+
+    assert f"Renewing SQS leases on queue {bed.queue} failed" in log
+    assert "AccessDenied" in log
+    assert_no_secret_in([log], enforced)
+    refused = enforced.refused(keys)
+    assert refused, "no call was refused"
+    assert {(r["action"], r["code"]) for r in refused} == {
+        ("ChangeMessageVisibilityBatch", "AccessDenied")
+    }
+    assert all(r["message"].endswith("sqs:ChangeMessageVisibility") for r in refused)
+
+
+def test_with_predefined_queues_neither_needs_list_queues(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    bed = enforced.new_bed(tmp_path, "predefined")
+    url = enforced.sqs(enforced.ops).get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    predefined = {"predefined_queues": {bed.queue: {"url": url}}}
+    producer = enforced.producer_without_listing
+    task_id = bed.send("busy", "short", 0.1, credentials=producer, transport_options=predefined)
+    keys = enforced.worker_without_listing
+    options = {"visibility_timeout": LEASE, **predefined}
+    env = bed.env(options=options, **worker_env(enforced, keys))
+    with workers((bed, "threads", 1, "predefined", env)) as (process,):
+        bed.wait_for_executions(1, timeout=30)
+        log = process.log
+
+    assert bed.runs_per_task() == {task_id: 1}
+    assert enforced.refused(producer, keys) == []
+    assert_no_secret_in([log], enforced)
