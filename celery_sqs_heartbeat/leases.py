@@ -11,7 +11,7 @@ and the caller (``manager``) holds a lock around every call: nothing here is thr
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice
@@ -25,7 +25,6 @@ __all__ = [
     "Release",
     "RenewalBatch",
     "Settlement",
-    "release_batches",
 ]
 
 #: SQS never keeps a message invisible for longer than this after one receive.
@@ -72,6 +71,8 @@ class Lease:
     renewals: int = 0
     renewing: bool = False
     ended: bool = False
+    #: Reported lost (WARNING and ``lease_lost``): never reported twice.
+    lost: bool = False
     pending_release: Release | None = None
 
     def __post_init__(self) -> None:
@@ -263,15 +264,3 @@ class LeaseBook:
         leases.pop(id(lease), None)
         if not leases:
             del self._by_queue[lease.queue]
-
-
-def release_batches(releases: Iterable[Release]) -> list[tuple[Hashable, Sequence[Release]]]:
-    """Group releases into ChangeMessageVisibilityBatch calls: per queue, ten at most."""
-    by_queue: dict[Hashable, list[Release]] = {}
-    for release in releases:
-        by_queue.setdefault(release.lease.queue, []).append(release)
-    return [
-        (queue, items[start : start + SQS_BATCH_SIZE])
-        for queue, items in by_queue.items()
-        for start in range(0, len(items), SQS_BATCH_SIZE)
-    ]

@@ -5,7 +5,11 @@ task runs in the solo pool and does not exist under gevent or eventlet, and a le
 waits for the loop is a lease that expires. Under gevent the thread is a greenlet.
 
 Callers (acks, rejects, receives) never wait for a renewal: they take the lock only to
-update the book, and the SQS calls are made outside it.
+update the book, and the SQS calls are made outside it. Acks and rejects leave their
+delete or release in an :class:`~celery_sqs_heartbeat.outbox.Outbox`, which the same
+thread sends in batches. An acked message's lease ends only when SQS confirms the
+delete: until then it is renewed like any other, so a delete that fails for a while
+never lets SQS hand a finished task to another worker.
 
 Every renewal call, failed entry, lost lease and release is counted in
 :mod:`celery_sqs_heartbeat.metrics`, with the time each lease had left when its renewal
@@ -16,6 +20,7 @@ counts moved.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -31,12 +36,11 @@ from .leases import (
     EntryResult,
     Lease,
     LeaseBook,
-    Release,
     RenewalBatch,
     Settlement,
-    release_batches,
 )
 from .metrics import LeaseMetrics, MetricsSnapshot, failure_code, process_metrics
+from .outbox import Outbox, OutboxBatch, OutboxSettlement, Outgoing, Request
 
 logger = get_logger(__name__)
 
@@ -50,6 +54,14 @@ Clock = Callable[[], float]
 #: comes at once, so whoever turns DEBUG on sees right away that renewals run.
 SUMMARY_INTERVAL = 60.0
 
+#: Seconds before a delete or release that failed (throttling, 5xx, a network fault) is
+#: tried again. Not sooner, so a failing SQS is not hammered when deletes go out at once.
+RETRY_DELAY = 1.0
+
+#: How long the end of the process waits for deletes still pending: a delete that never
+#: went out means the task runs again elsewhere once its lease ends.
+EXIT_FLUSH_TIMEOUT = 5.0
+
 
 class LeaseQueue(Protocol):
     """What the manager needs of a queue: :class:`celery_sqs_heartbeat.sqs.SQSQueue`."""
@@ -59,6 +71,8 @@ class LeaseQueue(Protocol):
     def change_visibility(
         self, entries: Sequence[tuple[Lease, int]]
     ) -> Mapping[Lease, tuple[EntryResult, str]]: ...
+
+    def delete(self, leases: Sequence[Lease]) -> Mapping[Lease, tuple[EntryResult, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,12 @@ class VisibilityExtensionManager:
         self._changed = threading.Condition(self._lock)
         self._interval = float("inf")
         self._thread: threading.Thread | None = None
-        self._failing_queues: set[str] = set()
-        self._releases_in_flight = 0
+        self._failing_queues: set[tuple[str, str]] = set()
+        self._outbox = Outbox(retry_delay=RETRY_DELAY)
+        self._flush_requested = False
+        #: Batches taken from the outbox whose answers are not reported yet.
+        self._batches_reporting = 0
+        self._sleeping_until = float("inf")
         self._metrics = metrics if metrics is not None else process_metrics()
         self._next_summary_at = clock()
         self._last_summary: MetricsSnapshot = self._metrics.snapshot()
@@ -119,37 +137,88 @@ class VisibilityExtensionManager:
             self._book.add(lease)
             self._count_held()
             self._interval = min(self._interval, check_interval)
-            self._changed.notify()
+            self._changed.notify_all()
         self._ensure_thread()
 
     def end(self, lease: Lease) -> None:
-        """Stop renewing ``lease``: its message is about to be deleted (acked)."""
+        """Stop renewing ``lease`` without telling SQS (kombu deletes the message itself)."""
         with self._lock:
             self._book.end(lease)
             self._count_held()
 
-    def release(self, leases: Iterable[tuple[Lease, int]], reason: str) -> None:
+    def delete(self, lease: Lease, wait: float) -> None:
+        """The message is acked: delete it within ``wait`` seconds, renewing it until then.
+
+        The lease ends when SQS confirms the delete, so a delete that fails for a while
+        leaves the message hidden, not handed to another worker.
+        """
+        self._send_later([Outgoing(lease, Request.DELETE)], wait)
+
+    def redirect_delete(self, lease: Lease) -> bool:
+        """If ``lease`` is a new receive of a message acked here, delete it by this receipt.
+
+        True if a delete of that message was pending: the message must not run again.
+        """
+        with self._lock:
+            replaced = self._outbox.redirect_delete(lease)
+            if replaced is None:
+                return False
+            self._book.end(replaced)
+            lease.task_id, lease.task_name = replaced.task_id, replaced.task_name
+            self._count_held()
+        return True
+
+    def release(self, leases: Iterable[tuple[Lease, int]], reason: str, wait: float = 0) -> None:
         """Stop renewing these leases and make their messages visible after each delay.
 
-        Releases of leases whose renewal is on the wire go out from the manager's thread
-        once that renewal has come back, so the release is always the last word.
+        The release goes out within ``wait`` seconds, from the manager's thread. If a
+        renewal of the lease is on the wire, the release waits for it to come back, so
+        the release is always the last word.
         """
         with self._lock:
             ready = [self._book.end(lease, delay, reason) for lease, delay in leases]
             self._count_held()
-            self._releases_in_flight += 1
-        self._send_releases([r for r in ready if r is not None])
+        self._send_later(
+            [Outgoing(r.lease, Request.RELEASE, r.delay, r.reason) for r in ready if r], wait
+        )
 
-    def wait_for_releases(self, timeout: float) -> bool:
-        """Wait until no release is pending or being sent; False if ``timeout`` ran out."""
+    def _send_later(self, items: Sequence[Outgoing], wait: float) -> None:
+        if not items:
+            return
+        with self._lock:
+            now = self.clock()
+            for item in items:
+                self._outbox.add(item, now + wait)
+            self._count_pending()
+            next_due = self._outbox.next_due()
+            if next_due is not None and next_due < self._sleeping_until:
+                self._changed.notify_all()
+        self._ensure_thread()
+
+    def flush(self, timeout: float) -> int:
+        """Send every pending delete and release now; wait for SQS's answers.
+
+        Returns how many are still unconfirmed when ``timeout`` ran out (0: all done).
+        """
         deadline = self.clock() + timeout
         with self._lock:
-            while self._releases_in_flight or self._book.releases_waiting():
+            if not self._unconfirmed():
+                return 0
+            self._flush_requested = True
+            self._changed.notify_all()
+        self._ensure_thread()
+        with self._lock:
+            while self._unconfirmed():
                 remaining = deadline - self.clock()
                 if remaining <= 0:
-                    return False
+                    break
                 self._changed.wait(min(remaining, 0.1))
-        return True
+            self._flush_requested = False
+            return len(self._outbox) + int(self._book.releases_waiting())
+
+    def _unconfirmed(self) -> bool:
+        """Whether a delete or release is pending or not yet reported; under the lock."""
+        return bool(self._outbox or self._batches_reporting or self._book.releases_waiting())
 
     def check(self) -> None:
         """Renew what is due now; the thread calls this every interval, tests call it."""
@@ -173,16 +242,70 @@ class VisibilityExtensionManager:
                 failed = (EntryResult.TRANSIENT, repr(exc))
                 results = {lease: failed for lease, _ in batch.entries}
             with self._lock:
-                settlement = self._book.settle(batch, results, self.clock())
+                now = self.clock()
+                settlement = self._book.settle(batch, results, now)
                 self._count_held()
                 self._count_failures(batch, results)
-                if settlement.releases:
-                    self._releases_in_flight += 1
-            self._note_queue_health(queue, results.values())
+                for release in settlement.releases:
+                    self._outbox.add(
+                        Outgoing(release.lease, Request.RELEASE, release.delay, release.reason),
+                        now,
+                    )
+            self._note_queue_health(queue, "Renewing SQS leases", results.values())
             self._report(queue, settlement)
-            if settlement.releases:
-                self._send_releases(settlement.releases)
+        self._send_outbox()
         self._log_summary_if_due()
+
+    def _send_outbox(self) -> None:
+        """Send the deletes and releases that are due, and settle SQS's answers."""
+        with self._lock:
+            batches = self._outbox.due_batches(self.clock(), self._flush_requested)
+            self._batches_reporting += len(batches)
+        for batch in batches:
+            try:
+                self._send_batch(batch)
+            finally:
+                with self._lock:
+                    self._batches_reporting -= 1
+                    self._changed.notify_all()
+
+    def _send_batch(self, batch: OutboxBatch) -> None:
+        """One call; it counts as pending for :meth:`flush` until its signals are sent."""
+        queue = cast(LeaseQueue, batch.queue)
+        leases = [item.lease for item in batch.entries]
+        try:
+            if batch.request is Request.DELETE:
+                results = queue.delete(leases)
+            else:
+                results = queue.change_visibility(
+                    [(item.lease, item.delay) for item in batch.entries]
+                )
+        except Exception as exc:
+            logger.exception("Sending SQS %ss on queue %s failed", batch.request.value, queue.name)
+            results = dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
+        with self._lock:
+            settlement = self._outbox.settle(batch, results, self.clock())
+            if batch.request is Request.DELETE:
+                self._settle_deletes(batch, settlement)
+            self._count_pending()
+        if batch.request is Request.DELETE:
+            self._note_queue_health(queue, "Deleting acked messages", results.values())
+            self._report_deletes(queue, settlement)
+        else:
+            self._note_queue_health(queue, "Releasing messages", results.values())
+            self._report_releases(queue, settlement)
+
+    def _settle_deletes(self, batch: OutboxBatch, settlement: OutboxSettlement) -> None:
+        """End the leases of confirmed or hopeless deletes; the caller holds the lock."""
+        self._metrics.record_delete_call(len(settlement.done))
+        for item in settlement.done:
+            self._book.end(item.lease)
+        for item, reason in [*settlement.lost, *settlement.abandoned]:
+            self._book.end(item.lease)
+            self._metrics.record_delete_failure(failure_code(reason), retried=False)
+        for _, reason in settlement.retried:
+            self._metrics.record_delete_failure(failure_code(reason), retried=True)
+        self._count_held()
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -196,25 +319,35 @@ class VisibilityExtensionManager:
     def _run(self) -> None:
         while True:
             with self._lock:
-                if len(self._book):
-                    self._changed.wait(self._interval)
-                else:
-                    self._changed.wait(self._idle_timeout())
+                timeout = self._sleep_time()
+                now = self.clock()
+                self._sleeping_until = float("inf") if timeout is None else now + timeout
+                self._changed.wait(timeout)
+                self._sleeping_until = float("-inf")
             try:
                 self.check()
             except Exception:
                 # A bug must not end renewals for the whole process; log it and go on.
                 logger.exception("Renewing SQS message visibility failed")
 
-    def _idle_timeout(self) -> float | None:
-        """How long a thread without leases may sleep: for good, unless a summary is owed.
+    def _sleep_time(self) -> float | None:
+        """How long the thread may sleep before something is owed; None: until woken.
 
-        Without it, what happened since the last summary (the last leases ending, a
-        failed release) would not be logged until the next message arrives.
+        Leases are checked every interval; pending deletes and releases are sent when
+        due. With neither, the thread sleeps for good, unless a summary is owed: without
+        it, what happened since the last one (the last leases ending, a failed release)
+        would not be logged until the next message arrives. The caller holds the lock.
         """
-        if not self._summary_owed():
-            return None
-        return max(0.0, self._next_summary_at - self.clock())
+        now = self.clock()
+        owed = []
+        if len(self._book):
+            owed.append(self._interval)
+        next_due = self._outbox.next_due(self._flush_requested)
+        if next_due is not None:
+            owed.append(next_due - now)
+        if self._summary_owed():
+            owed.append(self._next_summary_at - now)
+        return max(0.0, min(owed)) if owed else None
 
     def _summary_owed(self) -> bool:
         if not logger.isEnabledFor(logging.DEBUG):
@@ -269,20 +402,24 @@ class VisibilityExtensionManager:
         for lease in settlement.capped:
             self._warn_capped(lease)
         for lease, reason in settlement.lost:
-            self._metrics.record_lease_lost()
-            logger.warning(
-                "Lost the SQS lease of %s on queue %s (%s); SQS may deliver it again",
-                lease.describe(),
-                queue.name,
-                reason,
-            )
-            signals.lease_lost.send(
-                sender=lease.task_name,
-                task_id=lease.task_id,
-                task_name=lease.task_name,
-                queue=queue.name,
-                reason=reason,
-            )
+            self._lose(lease, queue, reason)
+
+    def _lose(self, lease: Lease, queue: LeaseQueue, reason: str) -> None:
+        lease.lost = True
+        self._metrics.record_lease_lost()
+        logger.warning(
+            "Lost the SQS lease of %s on queue %s (%s); SQS may deliver it again",
+            lease.describe(),
+            queue.name,
+            reason,
+        )
+        signals.lease_lost.send(
+            sender=lease.task_name,
+            task_id=lease.task_id,
+            task_name=lease.task_name,
+            queue=queue.name,
+            reason=reason,
+        )
 
     def _warn_capped(self, lease: Lease) -> None:
         logger.warning(
@@ -295,58 +432,55 @@ class VisibilityExtensionManager:
         )
 
     def _note_queue_health(
-        self, queue: LeaseQueue, results: Iterable[tuple[EntryResult, str]]
+        self, queue: LeaseQueue, activity: str, results: Iterable[tuple[EntryResult, str]]
     ) -> None:
         """Log a failing queue once when it starts failing and once when it recovers."""
         failures = [reason for kind, reason in results if kind is EntryResult.TRANSIENT]
-        if failures and queue.name not in self._failing_queues:
-            self._failing_queues.add(queue.name)
+        streak = (queue.name, activity)
+        if failures and streak not in self._failing_queues:
+            self._failing_queues.add(streak)
             logger.warning(
-                "Renewing SQS leases on queue %s failed, retrying every check: %s",
+                "%s on queue %s failed, retrying while the leases hold: %s",
+                activity,
                 queue.name,
                 failures[0],
             )
-        elif not failures and queue.name in self._failing_queues:
-            self._failing_queues.discard(queue.name)
-            logger.info("Renewing SQS leases on queue %s works again", queue.name)
+        elif not failures and streak in self._failing_queues:
+            self._failing_queues.discard(streak)
+            logger.info("%s on queue %s works again", activity, queue.name)
 
-    def _send_releases(self, releases: Sequence[Release]) -> None:
-        """Send releases; the caller has counted them in ``_releases_in_flight``."""
-        try:
-            for queue, batch in release_batches(releases):
-                self._send_release_batch(cast(LeaseQueue, queue), batch)
-        finally:
-            with self._lock:
-                self._releases_in_flight -= 1
-                self._changed.notify_all()
+    def _report_deletes(self, queue: LeaseQueue, settlement: OutboxSettlement) -> None:
+        for item, reason in [*settlement.lost, *settlement.abandoned]:
+            if item.lease.lost:
+                continue  # already reported when its renewal failed
+            self._lose(item.lease, queue, f"its delete failed: {reason}")
 
-    def _send_release_batch(self, queue: LeaseQueue, batch: Sequence[Release]) -> None:
-        try:
-            results = queue.change_visibility([(r.lease, r.delay) for r in batch])
-        except Exception:
-            logger.exception("Releasing SQS messages on queue %s failed", queue.name)
-            results = {}
-        for release in batch:
-            outcome, detail = results.get(release.lease, (EntryResult.TRANSIENT, "no answer"))
-            if outcome is EntryResult.OK:
-                self._metrics.record_released(1)
-                signals.lease_released.send(
-                    sender=release.lease.task_name,
-                    task_id=release.lease.task_id,
-                    task_name=release.lease.task_name,
-                    queue=queue.name,
-                    delay=release.delay,
-                    reason=release.reason,
-                )
-            else:
-                # Nothing is lost: the message becomes visible when its lease ends.
-                logger.warning(
-                    "Could not release %s on queue %s (%s); SQS makes it visible "
-                    "again when its lease ends",
-                    release.lease.describe(),
-                    queue.name,
-                    detail,
-                )
+    def _report_releases(self, queue: LeaseQueue, settlement: OutboxSettlement) -> None:
+        self._metrics.record_released(len(settlement.done))
+        for item in settlement.done:
+            signals.lease_released.send(
+                sender=item.lease.task_name,
+                task_id=item.lease.task_id,
+                task_name=item.lease.task_name,
+                queue=queue.name,
+                delay=item.delay,
+                reason=item.reason,
+            )
+        for item, reason in [*settlement.lost, *settlement.abandoned]:
+            # Nothing is lost: the message becomes visible when its lease ends.
+            logger.warning(
+                "Could not release %s on queue %s (%s); SQS makes it visible "
+                "again when its lease ends",
+                item.lease.describe(),
+                queue.name,
+                reason,
+            )
+
+    def _count_pending(self) -> None:
+        """Publish how many deletes wait; the caller holds the lock."""
+        self._metrics.set_deletes_pending(
+            sum(1 for item in self._outbox if item.request is Request.DELETE)
+        )
 
 
 _shared: VisibilityExtensionManager | None = None
@@ -360,6 +494,22 @@ def shared_manager() -> VisibilityExtensionManager:
         if _shared is None:
             _shared = VisibilityExtensionManager()
         return _shared
+
+
+def _flush_at_exit() -> None:
+    """Send what is still pending when the process ends without closing its channel."""
+    manager = _shared
+    if manager is not None:
+        left = manager.flush(EXIT_FLUSH_TIMEOUT)
+        if left:
+            logger.warning(
+                "%d SQS delete(s) or release(s) could not be sent before the process ended; "
+                "those messages become visible again when their leases end",
+                left,
+            )
+
+
+atexit.register(_flush_at_exit)
 
 
 def _forget_shared_manager() -> None:

@@ -118,6 +118,14 @@ class MetricsSnapshot:
     #: Failed ReceiveMessage calls, by error code.
     receive_errors: Mapping[str, int]
     renewal_margin: MarginHistogram
+    #: Acked messages whose delete SQS has not confirmed yet (their leases are held).
+    deletes_pending: int = 0
+    #: DeleteMessageBatch calls, and the deletes SQS confirmed.
+    delete_calls: int = 0
+    messages_deleted: int = 0
+    #: Delete entries that failed, by error code, and those of them tried again.
+    delete_failures: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    deletes_retried: int = 0
 
     @property
     def renewal_failures_total(self) -> int:
@@ -126,6 +134,10 @@ class MetricsSnapshot:
     @property
     def receive_errors_total(self) -> int:
         return sum(self.receive_errors.values())
+
+    @property
+    def delete_failures_total(self) -> int:
+        return sum(self.delete_failures.values())
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable data, e.g. for a remote-control reply."""
@@ -138,6 +150,11 @@ class MetricsSnapshot:
             "messages_released": self.messages_released,
             "receive_errors": dict(self.receive_errors),
             "renewal_margin": self.renewal_margin.as_dict(),
+            "deletes_pending": self.deletes_pending,
+            "delete_calls": self.delete_calls,
+            "messages_deleted": self.messages_deleted,
+            "delete_failures": dict(self.delete_failures),
+            "deletes_retried": self.deletes_retried,
         }
 
     def summary(self) -> str:
@@ -156,6 +173,10 @@ class MetricsSnapshot:
             f"renewal_failures={self.renewal_failures_total}{_by_code(self.renewal_failures)} "
             f"lost={self.leases_lost} released={self.messages_released} "
             f"receive_errors={self.receive_errors_total}{_by_code(self.receive_errors)} "
+            f"deletes_pending={self.deletes_pending} delete_calls={self.delete_calls} "
+            f"deleted={self.messages_deleted} "
+            f"delete_failures={self.delete_failures_total}{_by_code(self.delete_failures)} "
+            f"deletes_retried={self.deletes_retried} "
             f"{margin_text} (counts since the process started)"
         )
 
@@ -174,6 +195,11 @@ class _Counts:
     margin_sum: float = 0.0
     margin_min: float | None = None
     margin_max: float | None = None
+    deletes_pending: int = 0
+    delete_calls: int = 0
+    messages_deleted: int = 0
+    delete_failures: dict[str, int] = field(default_factory=dict)
+    deletes_retried: int = 0
 
 
 class LeaseMetrics:
@@ -230,6 +256,23 @@ class LeaseMetrics:
         with self._lock:
             self._counts.messages_released += count
 
+    def set_deletes_pending(self, count: int) -> None:
+        with self._lock:
+            self._counts.deletes_pending = count
+
+    def record_delete_call(self, deleted: int) -> None:
+        """A DeleteMessageBatch call went out and SQS confirmed ``deleted`` of its entries."""
+        with self._lock:
+            self._counts.delete_calls += 1
+            self._counts.messages_deleted += deleted
+
+    def record_delete_failure(self, code: str, retried: bool) -> None:
+        with self._lock:
+            failures = self._counts.delete_failures
+            failures[code] = failures.get(code, 0) + 1
+            if retried:
+                self._counts.deletes_retried += 1
+
     def record_receive_error(self, code: str) -> None:
         """A ReceiveMessage call failed with ``code``."""
         with self._lock:
@@ -258,6 +301,11 @@ class LeaseMetrics:
                     min=counts.margin_min,
                     max=counts.margin_max,
                 ),
+                deletes_pending=counts.deletes_pending,
+                delete_calls=counts.delete_calls,
+                messages_deleted=counts.messages_deleted,
+                delete_failures=MappingProxyType(dict(counts.delete_failures)),
+                deletes_retried=counts.deletes_retried,
             )
 
 

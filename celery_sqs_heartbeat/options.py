@@ -22,6 +22,15 @@ __all__ = ["HeartbeatOptions", "InvalidTransportOption"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30
 
+#: Seconds an acked message's delete may wait for others to share its DeleteMessageBatch
+#: call. Measured in benchmarks/worker_throughput.py (see docs/benchmarks.md): a short
+#: wait already fills most calls at the rates one worker reaches, and the wait is also
+#: how long a worker killed right after a task would leave it to run again.
+DEFAULT_ACK_BATCH_INTERVAL = 0.5
+#: Longer waits save no requests at any rate that fills a call in that time, and widen
+#: the window in which a killed worker's finished tasks run again.
+MAX_ACK_BATCH_INTERVAL = 10.0
+
 #: Where the Prometheus exporter listens once ``metrics_port`` is set: every interface,
 #: as Prometheus exporters do, because the scraper runs on another host or pod. Setting
 #: the port is the opt-in, and the page holds counts and error codes, never task data.
@@ -39,6 +48,8 @@ OPTION_NAMES = (
     "release_on_shutdown",
     "metrics_port",
     "metrics_address",
+    "ack_batching",
+    "ack_batch_interval",
 )
 
 
@@ -61,6 +72,10 @@ class HeartbeatOptions:
     #: TCP port of the Prometheus exporter of a worker's main process; None: no exporter.
     metrics_port: int | None = None
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    #: Acks go through the process's outbox as DeleteMessageBatch calls; False: kombu's
+    #: own synchronous DeleteMessage per ack, on the worker's event loop.
+    ack_batching: bool = True
+    ack_batch_interval: float = DEFAULT_ACK_BATCH_INTERVAL
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
@@ -83,6 +98,8 @@ class HeartbeatOptions:
             release_on_shutdown=_boolean(options, "release_on_shutdown", True),
             metrics_port=_metrics_port(options),
             metrics_address=_metrics_address(options),
+            ack_batching=_boolean(options, "ack_batching", True),
+            ack_batch_interval=_ack_batch_interval(options, visibility_timeout, extension),
         )
         if not extension:
             return base
@@ -203,6 +220,24 @@ def _metrics_address(options: Mapping[str, Any]) -> str:
             f"{DEFAULT_METRICS_ADDRESS!r} (every interface) or '127.0.0.1' (this host only)"
         )
     return value.strip()
+
+
+def _ack_batch_interval(
+    options: Mapping[str, Any], visibility_timeout: int, extension: bool
+) -> float:
+    # Without renewals nothing keeps a message hidden while its delete waits.
+    high = (
+        MAX_ACK_BATCH_INTERVAL if extension else min(MAX_ACK_BATCH_INTERVAL, visibility_timeout / 2)
+    )
+    allowed = f"0 (at once) to {high:g}"
+    if not extension:
+        allowed += " (half the visibility_timeout while visibility_extension is off)"
+    value = _seconds(options, "ack_batch_interval", min(DEFAULT_ACK_BATCH_INTERVAL, high), allowed)
+    if not 0 <= value <= high:
+        raise InvalidTransportOption(
+            f"ack_batch_interval={value!r}: allowed range is {allowed} seconds"
+        )
+    return value
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:

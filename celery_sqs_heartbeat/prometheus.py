@@ -101,6 +101,34 @@ class LeaseMetricsCollector:
         for code, count in sorted(current.receive_errors.items()):
             receive_errors.add_metric([code], count)
         yield receive_errors
+        yield GaugeMetricFamily(
+            f"{METRIC_PREFIX}_deletes_pending",
+            "Acked messages whose delete SQS has not confirmed yet; their leases are held.",
+            value=current.deletes_pending,
+        )
+        yield CounterMetricFamily(
+            f"{METRIC_PREFIX}_delete_calls",
+            "DeleteMessageBatch calls made for acked messages.",
+            value=current.delete_calls,
+        )
+        yield CounterMetricFamily(
+            f"{METRIC_PREFIX}_messages_deleted",
+            "Acked messages whose delete SQS confirmed.",
+            value=current.messages_deleted,
+        )
+        delete_failures = CounterMetricFamily(
+            f"{METRIC_PREFIX}_delete_failures",
+            "Deletes that failed, by SQS error code or network error.",
+            labels=["code"],
+        )
+        for code, count in sorted(current.delete_failures.items()):
+            delete_failures.add_metric([code], count)
+        yield delete_failures
+        yield CounterMetricFamily(
+            f"{METRIC_PREFIX}_deletes_retried",
+            "Failed deletes tried again while their lease held.",
+            value=current.deletes_retried,
+        )
         margin = current.renewal_margin
         yield HistogramMetricFamily(
             f"{METRIC_PREFIX}_renewal_margin_seconds",

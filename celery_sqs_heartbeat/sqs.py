@@ -1,4 +1,4 @@
-"""The thin layer that talks to SQS: one ChangeMessageVisibilityBatch call and its answer.
+"""The thin layer that talks to SQS: one batch call (visibility change or delete) and its answer.
 
 Every outcome, including a network fault, becomes an :class:`EntryResult` per entry, so
 the caller never sees an exception from here: a renewal thread that died on one bad
@@ -27,6 +27,9 @@ LOST_LEASE_CODES = frozenset(
 )
 #: Whole-call codes after which none of the queue's leases can be renewed again.
 LOST_QUEUE_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+
+#: How much of a receipt handle a log line may show.
+HANDLE_PREFIX = 8
 
 #: Renewals are retried by the manager on its next check, so a call must fail fast rather
 #: than hang in botocore's retries while other leases come due.
@@ -58,7 +61,7 @@ def renewal_client(source: BaseClient) -> BaseClient:
 
 
 class SQSQueue:
-    """Where visibility changes for one queue go, with the client allowed to make them.
+    """Where visibility changes and deletes for one queue go, with the client allowed to make them.
 
     ``client_source`` is asked on every call, not once: for a predefined queue with an
     STS role, kombu replaces the client when its session token is about to expire.
@@ -80,14 +83,28 @@ class SQSQueue:
             {"Id": str(index), "ReceiptHandle": lease.receipt_handle, "VisibilityTimeout": seconds}
             for index, (lease, seconds) in enumerate(entries)
         ]
-        leases = [lease for lease, _ in entries]
+        return self._batch_call(
+            "change_message_visibility_batch", [lease for lease, _ in entries], request
+        )
+
+    def delete(self, leases: Sequence[Lease]) -> dict[Lease, tuple[EntryResult, str]]:
+        """Delete the leases' messages, ten at most, in one call."""
+        request = [
+            {"Id": str(index), "ReceiptHandle": lease.receipt_handle}
+            for index, lease in enumerate(leases)
+        ]
+        return self._batch_call("delete_message_batch", leases, request)
+
+    def _batch_call(
+        self, operation: str, leases: Sequence[Lease], request: list[dict[str, Any]]
+    ) -> dict[Lease, tuple[EntryResult, str]]:
         try:
             client = renewal_client(self._client_source())
-            response = client.change_message_visibility_batch(QueueUrl=self.url, Entries=request)
+            response = getattr(client, operation)(QueueUrl=self.url, Entries=request)
         except ClientError as exc:
             code = _error_code(exc.response.get("Error", {}).get("Code"))
             kind = EntryResult.LOST if code in LOST_QUEUE_CODES else EntryResult.TRANSIENT
-            return dict.fromkeys(leases, (kind, f"{code}: {exc}"))
+            return dict.fromkeys(leases, (kind, without_receipt_handles(f"{code}: {exc}", leases)))
         except (BotoCoreError, OSError) as exc:
             return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
         return _entry_results(leases, response)
@@ -102,8 +119,24 @@ def _entry_results(
     for failed in response.get("Failed", []):
         code = _error_code(failed.get("Code"))
         kind = EntryResult.LOST if code in LOST_LEASE_CODES else EntryResult.TRANSIENT
-        results[leases[int(failed["Id"])]] = (kind, f"{code}: {failed.get('Message', '')}")
+        lease = leases[int(failed["Id"])]
+        detail = without_receipt_handles(f"{code}: {failed.get('Message', '')}", [lease])
+        results[lease] = (kind, detail)
     return results
+
+
+def without_receipt_handles(text: str, leases: Sequence[Lease]) -> str:
+    """``text`` with each lease's receipt handle cut to a short prefix.
+
+    SQS quotes the handle in some errors ("Value AQEB... for parameter ReceiptHandle is
+    invalid"), and these texts are logged. A handle lets whoever reads the log delete or
+    hide the message until its lease ends, so logs show only enough to tell handles apart.
+    """
+    for lease in leases:
+        handle = lease.receipt_handle
+        if len(handle) > HANDLE_PREFIX:
+            text = text.replace(handle, handle[:HANDLE_PREFIX] + "…")
+    return text
 
 
 def _error_code(code: str | None) -> str:

@@ -5,8 +5,13 @@ Where a lease lives, in kombu's terms:
 - born in :meth:`Channel._leases_from_receive`, as the ReceiveMessage answer arrives,
   and claimed in :meth:`QoS.append` when kombu hands the message to the consumer;
 - renewed by :mod:`celery_sqs_heartbeat.manager` until it ends;
-- ended in :meth:`Channel.basic_ack` (before the delete) or :meth:`Channel.basic_reject`,
+- ended when SQS confirms the delete that :meth:`Channel.basic_ack` (or a reject that
+  deletes) left in the manager's outbox, or by the release of :meth:`Channel.basic_reject`,
   or released when the channel closes with messages that never started.
+
+The receive path never ends the worker: a failed ReceiveMessage is retried with backoff
+(:mod:`celery_sqs_heartbeat.receiving`), except for errors no retry can fix, which stop
+the worker with the queue and the cause named.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ logger = get_logger(__name__)
 #: kombu's Mailbox names a remote-control reply queue ``<routing key>.<reply exchange>``.
 _PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 
-#: How long closing a channel waits for the release of unstarted messages to go out.
-SHUTDOWN_RELEASE_TIMEOUT = 10.0
+#: How long closing a channel waits for pending deletes and releases to be confirmed.
+SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
 
 class QoS(SQS.QoS):
@@ -88,6 +93,9 @@ class Channel(SQS.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: Kept, not read through the connection: after a reconnect the old channel is
+        #: closed and has no connection, but its running tasks still ack through it.
+        self.options: HeartbeatOptions = self.connection.heartbeat_options
         #: Leases of the messages this channel delivered and that are not acked yet,
         #: by delivery tag (the receipt handle).
         self.leases: dict[str, Lease] = {}
@@ -99,10 +107,6 @@ class Channel(SQS.Channel):
         self._receive_backoff = ReceiveBackoff()
         #: When each queue's pending long poll was sent, by queue URL.
         self._polls_pending: dict[str, float] = {}
-
-    @property
-    def options(self) -> HeartbeatOptions:
-        return self.connection.heartbeat_options
 
     @cached_property
     def visibility_timeout(self) -> int:
@@ -215,9 +219,15 @@ class Channel(SQS.Channel):
             # kombu's client turns a 5xx, a timeout or a dropped connection into a list.
             self._receive_failed(queue_name, NO_ANSWER)
             answer = {}
-        # On the next turn of the hub: an error while delivering is kombu's or Celery's,
-        # and must not be taken for an error of the receive.
-        self._event_loop.call_soon(partial(callback, answer))
+        # Delivered now, as kombu does: deferred to the next turn of the hub, a threads
+        # pool's hub (no file descriptor to wait on) would first sleep up to 0.1 s, on
+        # every receive. An error while delivering is kombu's or Celery's, not the
+        # receive's: it is raised again from the hub, outside this promise, whose
+        # on_error would take it for a failed receive.
+        try:
+            callback(answer)
+        except Exception as exc:
+            self._event_loop.call_soon(partial(_raise, exc))
 
     def _on_receive_error(
         self, queue_name: str, queue_url: str, callback: Any, error: BaseException
@@ -327,7 +337,9 @@ class Channel(SQS.Channel):
         channel holds already is not handed over twice: its lease lapsed (an outage
         longer than a lease) and SQS gave it out again, maybe to this very worker.
         Then the task in progress keeps running here, on the new lease. Opting out of
-        renewals opts out of this too: kombu's own behaviour, redeliveries and all.
+        renewals opts out of this too: kombu's own behaviour, redeliveries and all. A
+        message acked here whose delete has not landed yet is not run again either: the
+        delete is sent by the new receipt.
         """
         now = self._now()
         to_deliver: list[dict[str, Any]] = []
@@ -350,6 +362,14 @@ class Channel(SQS.Channel):
                 self.manager.track(lease, self.options.visibility_extension_interval)
                 if self._adopt_redelivery(lease):
                     continue
+            if self.manager.redirect_delete(lease):
+                logger.warning(
+                    "SQS delivered message %s again after this worker acked it and before "
+                    "its delete landed (%s); it is deleted by the new receipt, not run again",
+                    lease.message_id,
+                    lease.describe(),
+                )
+                continue
             self._hold(handle, lease)
             to_deliver.append(sqs_message)
             born.append(lease)
@@ -464,18 +484,28 @@ class Channel(SQS.Channel):
                 ],
                 reason,
             )
-            self.manager.wait_for_releases(SHUTDOWN_RELEASE_TIMEOUT)
+            self._flush()
         else:
             for lease in leases:
                 self.manager.end(lease)
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
-        # The lease ends before the delete is sent: no renewal may start after it.
+        """Leave the delete to the manager's outbox; the lease holds until SQS confirms it.
+
+        Returns at once, never raises: a delete that fails is retried while the lease is
+        renewed, so Celery never logs "Couldn't ack" with a receipt handle, and a finished
+        task is never handed to another worker because its delete failed for a while.
+        """
         lease = self._let_go(delivery_tag)
-        if lease is not None:
-            self.manager.end(lease)
-            self._point_kombu_at(delivery_tag, lease)
-        super().basic_ack(delivery_tag, multiple)
+        if lease is None or not self.options.ack_batching:
+            if lease is not None:
+                # kombu's own ack: the lease ends before its synchronous delete.
+                self.manager.end(lease)
+                self._point_kombu_at(delivery_tag, lease)
+            super().basic_ack(delivery_tag, multiple)
+            return
+        self.manager.delete(lease, self._batch_wait(lease))
+        VirtualChannel.basic_ack(self, delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         """Release the message to SQS instead of deleting or re-publishing it.
@@ -483,22 +513,67 @@ class Channel(SQS.Channel):
         SQS then counts the receive and moves the message to the dead-letter queue after
         ``maxReceiveCount``: retries are bookkept where they survive the worker.
         """
-        lease = self._let_go(delivery_tag)
+        lease = self.leases.get(delivery_tag)
         releasing = lease is not None and (
             requeue
             or (self.options.release_on_failure and not self.qos.is_backoff_task(delivery_tag))
         )
         if lease is None or not releasing:
+            # kombu deletes the message here unless the queue has a dead-letter queue,
+            # through _delete_rejected_message, which hands the delete to the outbox.
+            super().basic_reject(delivery_tag, requeue)
+            lease = self._let_go(delivery_tag)
             if lease is not None:
                 self.manager.end(lease)
-                self._point_kombu_at(delivery_tag, lease)
-            super().basic_reject(delivery_tag, requeue)
             return
+        self._let_go(delivery_tag)
         delay = self.options.release_delay_for(lease.receive_count)
-        self.manager.release([(lease, delay)], "requeue" if requeue else "failure")
+        self.manager.release(
+            [(lease, delay)], "requeue" if requeue else "failure", self._batch_wait(lease)
+        )
         # kombu's own reject would delete the message, or re-publish it on requeue; here
         # it only has to forget the delivery.
         VirtualChannel.basic_reject(self, delivery_tag, requeue=False)
+
+    def _delete_rejected_message(self, delivery_tag: str) -> None:
+        """kombu deletes a message rejected without requeue: through the outbox here."""
+        lease = self.leases.get(delivery_tag)
+        if lease is None or not self.options.ack_batching:
+            if lease is not None:
+                self._point_kombu_at(delivery_tag, lease)
+            super()._delete_rejected_message(delivery_tag)
+            return
+        queue = cast(SQSQueue, lease.queue)
+        if self._has_redrive_policy(queue.name, queue.url):
+            return  # SQS moves it to the dead-letter queue after maxReceiveCount
+        self._let_go(delivery_tag)
+        self.manager.delete(lease, self._batch_wait(lease))
+
+    def _batch_wait(self, lease: Lease) -> float:
+        """How long a delete or release may wait for company in its batch call.
+
+        A FIFO queue holds back the rest of a message group until the message is
+        deleted, so its deletes go out at once (with whatever of the queue is waiting).
+        """
+        if cast(SQSQueue, lease.queue).name.endswith(".fifo"):
+            return 0.0
+        return self.options.ack_batch_interval
+
+    def _flush(self) -> None:
+        left = self.manager.flush(SHUTDOWN_FLUSH_TIMEOUT)
+        if left:
+            logger.warning(
+                "%d SQS delete(s) or release(s) were not confirmed within %.0f s of closing "
+                "the channel; they are still retried while the worker runs, and those "
+                "messages become visible again when their leases end",
+                left,
+                SHUTDOWN_FLUSH_TIMEOUT,
+            )
+
+    def close(self) -> None:
+        """Send pending deletes before the channel goes: the worker may be about to exit."""
+        super().close()
+        self._flush()
 
     def _point_kombu_at(self, delivery_tag: str, lease: Lease) -> None:
         """Make kombu's delete use the newest receipt: SQS ignores a delete by an older one."""
@@ -537,6 +612,10 @@ class Transport(SQS.Transport):
         set_event_loop(loop)
         for channel in self.channels:
             channel.hub = loop
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def _receive_count(attributes: dict[str, Any]) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .harness import Bed, Worker, worker
+from .harness import Bed, Worker, report, tally, worker
 
 LEASE = 4
 
@@ -21,6 +21,7 @@ def test_failed_receives_are_retried_and_the_worker_keeps_consuming(
     bed: Bed, pool: str, concurrency: int
 ) -> None:
     before = bed.send("busy", "before", 0.1)
+    bed.server.reset_calls()
     with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
         bed.wait_for_executions(1, timeout=30)
         for kind, count in TRANSIENT_FAULTS:
@@ -30,6 +31,13 @@ def test_failed_receives_are_retried_and_the_worker_keeps_consuming(
         runs = bed.wait_for_executions(2, timeout=60)
         log = process.log
         assert process.process.poll() is None, log
+    report(
+        f"receive faults/{pool}",
+        **tally(bed, [before, after]),
+        alive=True,
+        calls=bed.server.calls(),
+        warnings=log.count("WARNING/"),
+    )
     assert len(runs) == 2, log
     assert bed.runs_per_task() == {before: 1, after: 1}
     queue = bed.queue
@@ -71,6 +79,7 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
 ) -> None:
     outage = 10
     long_ids = [bed.send("busy", f"long-{n}", 2 * outage) for n in range(2)]
+    bed.server.reset_calls()
     with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
         wait_until(lambda: log_has(process, "Task tests.integration.app.busy", 2), timeout=30)
         time.sleep(1)
@@ -83,6 +92,16 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
         bed.wait_for_executions(4, timeout=LEASE + 2)
         log = process.log
         assert process.process.poll() is None, log
+    renewals = during.get("ChangeMessageVisibilityBatch", 0)
+    renewals -= before.get("ChangeMessageVisibilityBatch", 0)
+    report(
+        f"outage/{pool}",
+        **tally(bed, [*long_ids, after_id]),
+        alive=True,
+        renewal_calls_during_outage=renewals,
+        calls=bed.server.calls(),
+        lost_warnings=log.count("Lost the SQS lease"),
+    )
     assert len(runs) == 3, log
     assert bed.runs_per_task() == dict.fromkeys([*long_ids, after_id], 1), log
     for task_id in long_ids:
@@ -91,8 +110,6 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
         # SQS gave the message out again, to this worker: it must not run it twice.
         assert log.count(f"again while this worker still holds it ({task})") == 1, log
     # Renewals stop once the leases are lost: at most one call per check for one lease.
-    renewals = during.get("ChangeMessageVisibilityBatch", 0)
-    renewals -= before.get("ChangeMessageVisibilityBatch", 0)
     assert renewals <= LEASE + 2, (before, during)
     assert "Traceback" not in log
     assert_queue_empty(bed)

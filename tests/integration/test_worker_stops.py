@@ -25,7 +25,7 @@ from celery import Celery
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-from .harness import Bed, Worker, new_bed, process_gone
+from .harness import Bed, Worker, new_bed, process_gone, report
 
 T = TypeVar("T")
 
@@ -166,11 +166,6 @@ def kill_leftovers(pids: list[int]) -> None:
             continue
         if ours and not process_gone(pid):
             os.kill(pid, signal.SIGKILL)
-
-
-def report(title: str, **figures: Any) -> None:
-    """Shown with ``-s``, and by pytest with the failure."""
-    print(f"\n[{title}] " + ", ".join(f"{key}={value}" for key, value in figures.items()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -493,6 +488,21 @@ def run_past_the_hold_limit(bed: Bed, options: dict[str, Any]) -> tuple[Sent, st
     return task, log, alive, after
 
 
+def after_the_last_renewal(
+    events: list[dict[str, Any]], last: dict[str, Any], again: list[dict[str, Any]]
+) -> None:
+    """After the last renewal, nothing but the ack's delete, which lands.
+
+    The lease ran out while the task still ran, so the worker's next poll, as the ack
+    frees its slot, may receive the message again before the delete lands. Then it is
+    deleted by that receipt and not run again (the callers check the runs).
+    """
+    later = [e for e in events if e["t"] > last["t"]]
+    assert len(again) <= 1, events
+    assert {e["action"] for e in later} <= {"receive", "delete"}, events
+    assert later[-1]["action"] == "delete" and later[-1]["result"] == "ok", events
+
+
 def test_visibility_extension_max_under_the_servers_limit_caps_the_last_renewal(
     short_hold_bed: Bed,
 ) -> None:
@@ -500,7 +510,7 @@ def test_visibility_extension_max_under_the_servers_limit_caps_the_last_renewal(
     maximum = SHORT_HOLD - 2
     task, log, alive, after = run_past_the_hold_limit(bed, {"visibility_extension_max": maximum})
     events = events_of(bed, task)
-    [receive] = of_action(events, "receive")
+    receive, *again = of_action(events, "receive")
     changes = of_action(events, "change_visibility")
     report(
         "hold/capped",
@@ -510,15 +520,17 @@ def test_visibility_extension_max_under_the_servers_limit_caps_the_last_renewal(
         warnings=log.count("Stopped renewing the SQS lease"),
     )
     assert bed.runs_per_task() == {task.task_id: 1, after.task_id: 1}
-    assert all(e["result"] == "ok" for e in events), events
+    # A delete by the receipt the later receive replaced is "stale": see after_the_last_renewal.
+    assert all(e["result"] in ("ok", "stale") for e in events), events
+    assert all(e["result"] == "ok" for e in changes), events
     assert len(changes) >= 3, events
     *full, capped = changes
     assert {e["visibility"] for e in full} == {LEASE}, events
     assert 1 <= capped["visibility"] < LEASE, events
     # The last renewal ends the hold at the cap, inside the server's limit.
     assert capped["t"] + capped["visibility"] <= receive["t"] + maximum + 0.5, events
-    # After the capped renewal, only the ack's delete.
-    assert [e["action"] for e in events if e["t"] > capped["t"]] == ["delete"], events
+    # After the capped renewal, only the ack's delete; see after_the_last_renewal.
+    after_the_last_renewal(events, capped, again)
     assert log.count("Stopped renewing the SQS lease") == 1, log
     assert f"Stopped renewing the SQS lease of task {BUSY}[{task.task_id}]" in log
     assert "Lost the SQS lease" not in log
@@ -531,7 +543,7 @@ def test_a_server_limit_below_the_workers_reads_as_a_lost_lease_once(short_hold_
     bed = short_hold_bed
     task, log, alive, after = run_past_the_hold_limit(bed, {})
     events = events_of(bed, task)
-    [receive] = of_action(events, "receive")
+    receive, *again = of_action(events, "receive")
     changes = of_action(events, "change_visibility")
     refused = [e for e in changes if e["result"] != "ok"]
     lost = [s for s in lease_signals_of(bed, "w1") if s["signal"] == "lease_lost"]
@@ -545,7 +557,7 @@ def test_a_server_limit_below_the_workers_reads_as_a_lost_lease_once(short_hold_
     assert bed.runs_per_task() == {task.task_id: 1, after.task_id: 1}
     assert [e["result"] for e in refused] == ["InvalidParameterValue"], events
     # The refusal is the last word on this message until the ack: no retry storm.
-    assert [e["action"] for e in events if e["t"] > refused[0]["t"]] == ["delete"], events
+    after_the_last_renewal(events, refused[0], again)
     assert all(e["visibility"] == LEASE for e in changes), events
     assert log.count("Lost the SQS lease") == 1, log
     assert f"Lost the SQS lease of task {BUSY}[{task.task_id}]" in log

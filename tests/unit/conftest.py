@@ -45,6 +45,10 @@ class FakeQueue:
         self.answers: dict[Lease, tuple[EntryResult, str]] = {}
         self.error: BaseException | None = None
         self.during_call: Callable[[list[tuple[Lease, int]]], None] | None = None
+        #: Deletes, recorded and answered apart from visibility changes.
+        self.deletes: list[list[Lease]] = []
+        self.delete_default: tuple[EntryResult, str] = (EntryResult.OK, "")
+        self.delete_answers: dict[Lease, tuple[EntryResult, str]] = {}
 
     def __repr__(self) -> str:
         return f"<FakeQueue {self.name}>"
@@ -69,6 +73,10 @@ class FakeQueue:
         if self.error is not None:
             raise self.error
         return {lease: self.answers.get(lease, self.default) for lease, _ in entries}
+
+    def delete(self, leases: Sequence[Lease]) -> Mapping[Lease, tuple[EntryResult, str]]:
+        self.deletes.append(list(leases))
+        return {lease: self.delete_answers.get(lease, self.delete_default) for lease in leases}
 
 
 def make_lease(

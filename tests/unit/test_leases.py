@@ -14,7 +14,6 @@ from celery_sqs_heartbeat.leases import (
     Release,
     RenewalBatch,
     Settlement,
-    release_batches,
 )
 
 from .conftest import POLICY, make_lease
@@ -450,26 +449,6 @@ def test_only_the_ended_lease_of_a_batch_waits_for_the_answer() -> None:
     assert settlement.releases == [Release(ended, 0, "shutdown")]
     assert settlement.renewed == [(kept, 30)]
     assert len(book) == 1
-
-
-def test_release_batches_group_per_queue_in_tens() -> None:
-    first = [Release(make_lease("q1", task_id=f"a{i}"), 0) for i in range(23)]
-    second = [Release(make_lease("q2", task_id=f"b{i}"), 5) for i in range(3)]
-
-    grouped = release_batches([*first[:12], *second, *first[12:]])
-
-    assert [(queue, len(items)) for queue, items in grouped] == [
-        ("q1", 10),
-        ("q1", 10),
-        ("q1", 3),
-        ("q2", 3),
-    ]
-    assert [r for queue, items in grouped if queue == "q1" for r in items] == first
-    assert [r for queue, items in grouped if queue == "q2" for r in items] == second
-
-
-def test_release_batches_of_nothing_is_empty() -> None:
-    assert release_batches([]) == []
 
 
 def test_the_hold_limit_is_12_hours_less_the_margin_by_default() -> None:

@@ -325,7 +325,7 @@ def test_a_release_asked_for_during_a_renewal_is_sent_after_that_renewal_returne
 
     def reject_meanwhile(entries: list[tuple[Lease, int]]) -> None:
         manager.release([(lease, 7)], "failure")
-        waiting.append(manager.wait_for_releases(0))
+        waiting.append(manager.flush(0))
 
     queue.during_call = reject_meanwhile
     clock.now = 20
@@ -338,8 +338,8 @@ def test_a_release_asked_for_during_a_renewal_is_sent_after_that_renewal_returne
         ("sent", [(lease, 7)]),
         ("returned", [(lease, 7)]),
     ]
-    assert waiting == [False]
-    assert manager.wait_for_releases(0) is True
+    assert waiting == [1]
+    assert manager.flush(0) == 0
     assert released == [
         {
             "sender": "tasks.flaky",
@@ -355,7 +355,7 @@ def test_a_release_asked_for_during_a_renewal_is_sent_after_that_renewal_returne
     assert len(queue.calls) == 2
 
 
-def test_a_release_of_an_idle_lease_is_sent_at_once(
+def test_releases_go_out_at_the_next_check_in_batches_of_ten(
     manager: VisibilityExtensionManager,
     clock: FakeClock,
     queue: FakeQueue,
@@ -365,41 +365,293 @@ def test_a_release_of_an_idle_lease_is_sent_at_once(
     clock.now = 5
 
     manager.release([(lease, 0) for lease in leases], "shutdown")
+    assert queue.calls == []  # the caller never waits for SQS
+    manager.check()
 
     assert [len(call) for call in queue.calls] == [10, 2]
     assert [entry for call in queue.calls for entry in call] == [(lease, 0) for lease in leases]
     assert len(released) == 12
-    assert manager.wait_for_releases(0) is True
+    assert manager.flush(0) == 0
     clock.now = 20
     manager.check()
     assert len(queue.calls) == 2
 
 
-@pytest.mark.parametrize("result", [EntryResult.TRANSIENT, EntryResult.LOST])
-def test_a_failed_release_logs_a_warning_and_does_not_raise(
+def test_a_release_waits_its_batch_interval_unless_ten_are_waiting(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    leases = [tracked(manager, queue, task_id=f"t-{i}") for i in range(11)]
+
+    manager.release([(leases[0], 0)], "failure", wait=0.5)
+    manager.check()
+    assert queue.calls == []
+    clock.now = 0.5
+    manager.check()
+    assert queue.calls == [[(leases[0], 0)]]
+
+    manager.release([(lease, 0) for lease in leases[1:]], "failure", wait=0.5)
+    manager.check()
+    assert [len(call) for call in queue.calls] == [1, 10]
+
+
+def test_a_failed_release_is_retried_while_the_lease_holds_then_logged_once(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    released: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lease = tracked(manager, queue, task_id="t-r", task_name="tasks.rel")
+    queue.answer_all(EntryResult.TRANSIENT, "InternalError: try later")
+
+    with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
+        manager.release([(lease, 30)], "failure")
+        for now in range(31):
+            clock.now = now
+            manager.check()
+
+    # At 0, then every RETRY_DELAY until the lease ran out at 30 s.
+    assert len(queue.calls) == 30 / manager_module.RETRY_DELAY + 1
+    notes = [w for w in warnings_in(caplog) if "t-r" in w]
+    assert len(notes) == 1
+    assert "Could not release" in notes[0]
+    assert "InternalError: try later" in notes[0]
+    assert released == []
+    assert manager.flush(0) == 0
+
+
+def test_a_release_sqs_refuses_is_logged_at_once(
     manager: VisibilityExtensionManager,
     queue: FakeQueue,
     released: list[dict[str, Any]],
     caplog: pytest.LogCaptureFixture,
-    result: EntryResult,
 ) -> None:
     lease = tracked(manager, queue, task_id="t-r", task_name="tasks.rel")
-    queue.answer_all(result, "InternalError: try later")
+    queue.answer_all(EntryResult.LOST, "ReceiptHandleIsInvalid: gone")
 
     with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
         manager.release([(lease, 30)], "failure")
+        manager.check()
 
     (warning,) = warnings_in(caplog)
     assert "t-r" in warning
-    assert "InternalError: try later" in warning
+    assert "ReceiptHandleIsInvalid: gone" in warning
     assert released == []
-    assert manager.wait_for_releases(0) is True
 
 
-def test_wait_for_releases_with_nothing_pending_is_true(
+def test_flush_with_nothing_pending_returns_at_once(
     manager: VisibilityExtensionManager,
 ) -> None:
-    assert manager.wait_for_releases(0) is True
+    assert manager.flush(0) == 0
+
+
+# --- deletes ------------------------------------------------------------------------------
+
+
+def test_an_acked_message_is_deleted_after_its_wait_and_renewed_until_sqs_confirms(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    lease = tracked(counted, queue)
+    queue.delete_default = (EntryResult.TRANSIENT, "InternalError: later")
+    clock.now = 19.5
+
+    counted.delete(lease, wait=0.5)
+    assert queue.deletes == []  # the ack never waits for SQS
+    assert counters.snapshot().deletes_pending == 1
+    clock.now = 20
+    counted.check()
+
+    assert queue.calls == [[(lease, 30)]]  # still renewed: the delete has not landed
+    assert queue.deletes == [[lease]]
+    assert len(counted) == 1
+    queue.delete_default = (EntryResult.OK, "")
+    clock.now = 21
+    counted.check()
+
+    assert queue.deletes == [[lease], [lease]]
+    assert len(counted) == 0
+    current = counters.snapshot()
+    assert (current.delete_calls, current.messages_deleted) == (2, 1)
+    assert (current.deletes_retried, dict(current.delete_failures)) == (1, {"InternalError": 1})
+    assert current.deletes_pending == 0
+    clock.now = 100
+    counted.check()
+    assert len(queue.calls) == 1
+
+
+def test_ten_acks_go_out_at_once_in_one_call(
+    manager: VisibilityExtensionManager, queue: FakeQueue
+) -> None:
+    leases = [tracked(manager, queue, task_id=f"t-{i}") for i in range(10)]
+
+    for lease in leases:
+        manager.delete(lease, wait=0.5)
+    manager.check()
+
+    assert queue.deletes == [leases]
+
+
+def test_a_failing_delete_warns_once_per_streak_and_says_when_it_works_again(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    lost: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    leases = [tracked(manager, queue, task_id=f"t-{i}") for i in range(3)]
+    queue.delete_default = (EntryResult.TRANSIENT, "ThrottlingException: slow down")
+
+    with caplog.at_level(logging.INFO, logger=MANAGER_LOGGER):
+        for lease in leases:
+            manager.delete(lease, wait=0)
+        for now in range(8):
+            clock.now = now
+            manager.check()
+        queue.delete_default = (EntryResult.OK, "")
+        clock.now = 8
+        manager.check()
+
+    notes = [r.getMessage() for r in caplog.records if r.name == MANAGER_LOGGER]
+    assert notes == [
+        "Deleting acked messages on queue jobs failed, retrying while the leases hold: "
+        "ThrottlingException: slow down",
+        "Deleting acked messages on queue jobs works again",
+    ]
+    assert lost == []
+    assert len(manager) == 0
+
+
+def test_a_delete_sqs_refuses_loses_the_lease_once(
+    manager: VisibilityExtensionManager,
+    queue: FakeQueue,
+    lost: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lease = tracked(manager, queue, task_id="t-1", task_name="tasks.crunch")
+    queue.delete_default = (EntryResult.LOST, "ReceiptHandleIsInvalid: gone")
+
+    with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
+        manager.delete(lease, wait=0)
+        manager.check()
+        manager.check()
+
+    (warning,) = warnings_in(caplog)
+    assert "t-1" in warning and "ReceiptHandleIsInvalid: gone" in warning
+    assert [event["task_id"] for event in lost] == ["t-1"]
+    assert len(manager) == 0
+    assert queue.deletes == [[lease]]
+
+
+def test_a_lease_lost_while_its_delete_fails_is_reported_once(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    lost: list[dict[str, Any]],
+) -> None:
+    lease = tracked(manager, queue)
+    queue.delete_default = (EntryResult.TRANSIENT, "InternalError: later")
+    queue.answer_all(EntryResult.TRANSIENT, "InternalError: later")
+    manager.delete(lease, wait=0)
+
+    for now in range(40):
+        clock.now = now
+        manager.check()
+
+    assert len(lost) == 1  # by the renewal that found the lease gone, not by the delete too
+    assert len(manager) == 0
+    assert manager.flush(0) == 0
+    assert len(queue.deletes) == 31  # every second from 0 to 30, when the lease had run out
+
+
+def test_an_unacked_lease_s_delete_without_renewals_still_goes_out(
+    manager: VisibilityExtensionManager, queue: FakeQueue
+) -> None:
+    """With visibility_extension off the lease is not tracked; the ack is still batched."""
+    lease = make_lease(queue)
+
+    manager.delete(lease, wait=0)
+    manager.check()
+
+    assert queue.deletes == [[lease]]
+    assert queue.calls == []
+
+
+def test_a_message_received_again_before_its_delete_landed_is_deleted_by_the_new_receipt(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    acked = tracked(manager, queue, task_id="t-1", task_name="tasks.crunch")
+    acked.message_id = "m-1"
+    manager.delete(acked, wait=0.5)
+    again = tracked(manager, queue, receipt_handle="rh-again")
+    again.message_id = "m-1"
+
+    assert manager.redirect_delete(again) is True
+
+    assert (again.task_id, again.task_name) == ("t-1", "tasks.crunch")
+    assert len(manager) == 1  # the new receive's lease, renewed until the delete lands
+    clock.now = 0.5
+    manager.check()
+    assert queue.deletes == [[again]]
+    assert len(manager) == 0
+
+
+def test_a_message_never_acked_here_is_not_redirected(
+    manager: VisibilityExtensionManager, queue: FakeQueue
+) -> None:
+    fresh = tracked(manager, queue)
+    fresh.message_id = "m-9"
+
+    assert manager.redirect_delete(fresh) is False
+
+
+def test_flush_sends_every_pending_delete_and_release_now(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    acked, rejected = tracked(manager, queue, task_id="a"), tracked(manager, queue, task_id="r")
+    manager.delete(acked, wait=5)
+    manager.release([(rejected, 0)], "failure", wait=5)
+    # What the thread would do once woken: send what is owed.
+    monkeypatch.setattr(manager, "_ensure_thread", manager.check)
+
+    assert manager.flush(1) == 0
+
+    assert queue.deletes == [[acked]]
+    assert queue.calls == [[(rejected, 0)]]
+    assert clock.now == 0
+
+
+def test_flush_says_how_many_sqs_did_not_confirm(
+    manager: VisibilityExtensionManager,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    leases = [tracked(manager, queue, task_id=f"t-{i}") for i in range(3)]
+    queue.delete_default = (EntryResult.TRANSIENT, "InternalError: later")
+    for lease in leases:
+        manager.delete(lease, wait=5)
+    monkeypatch.setattr(manager, "_ensure_thread", manager.check)
+
+    assert manager.flush(0) == 3
+    assert queue.deletes == [leases]
+
+
+def test_the_thread_sleeps_until_the_next_delete_is_due(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    lease = make_lease(queue)
+    assert manager._sleep_time() is None
+
+    manager.delete(lease, wait=0.5)
+
+    assert manager._sleep_time() == 0.5
+    clock.now = 0.2
+    assert manager._sleep_time() == pytest.approx(0.3)
 
 
 # --- robustness ---------------------------------------------------------------------------
@@ -518,7 +770,7 @@ def test_the_thread_starts_at_the_first_track_not_before(queue: FakeQueue) -> No
     manager = VisibilityExtensionManager(clock=FakeClock())
     assert manager._thread is None
     manager.check()
-    manager.wait_for_releases(0)
+    manager.flush(0)
     assert manager._thread is None
 
     lease = make_lease(queue)
@@ -706,6 +958,7 @@ def test_releases_are_counted_when_sqs_confirms_them(
     queue.answer(leases[2], EntryResult.TRANSIENT, "InternalError: later")
 
     counted.release([(lease, 0) for lease in leases], "shutdown")
+    counted.check()
 
     current = counters.snapshot()
     assert current.messages_released == 2
@@ -811,7 +1064,8 @@ def test_the_summary_comes_at_the_first_check_then_once_a_period(
     counted.check()
     assert summaries_in(caplog) == [
         "SQS lease summary: held=1 renewal_calls=0 renewal_entries=0 renewal_failures=0 "
-        "lost=0 released=0 receive_errors=0 margin_seconds none "
+        "lost=0 released=0 receive_errors=0 deletes_pending=0 delete_calls=0 deleted=0 "
+        "delete_failures=0 deletes_retried=0 margin_seconds none "
         "(counts since the process started)"
     ]
 
@@ -859,19 +1113,19 @@ def test_a_summary_reports_what_happened_since_the_last_even_without_leases(
     caplog.set_level(logging.DEBUG, logger=MANAGER_LOGGER)
     counted.check()
     assert summaries_in(caplog) == []  # nothing held, nothing counted: nothing to say
-    assert counted._idle_timeout() is None  # so the idle thread sleeps until woken
+    assert counted._sleep_time() is None  # so the idle thread sleeps until woken
 
     counters.record_receive_error("InternalError")  # the transport's receive failed
     clock.now = 10
-    assert counted._idle_timeout() == SUMMARY_INTERVAL - 10  # wake up when it is due
+    assert counted._sleep_time() == SUMMARY_INTERVAL - 10  # wake up when it is due
     clock.now = SUMMARY_INTERVAL
-    assert counted._idle_timeout() == 0
+    assert counted._sleep_time() == 0
     counted.check()
 
     (summary,) = summaries_in(caplog)
     assert "held=0 " in summary
     assert "receive_errors=1 (InternalError=1)" in summary
-    assert counted._idle_timeout() is None
+    assert counted._sleep_time() is None
 
 
 def test_no_summary_is_built_unless_debug_is_on(
@@ -885,7 +1139,7 @@ def test_no_summary_is_built_unless_debug_is_on(
     counted.check()
 
     assert summaries_in(caplog) == []
-    assert counted._idle_timeout() is None
+    assert counted._sleep_time() == INTERVAL  # the next check, and no summary sooner
 
 
 def test_an_idle_thread_wakes_for_an_owed_summary_then_sleeps_until_woken(

@@ -178,6 +178,9 @@ def test_as_dict_is_plain_json_with_prometheus_bucket_labels(counters: LeaseMetr
     counters.record_renewal_margin(7.0)
     counters.record_renewal_failure("ThrottlingException")
     counters.record_receive_error("ReadTimeoutError")
+    counters.set_deletes_pending(4)
+    counters.record_delete_call(deleted=9)
+    counters.record_delete_failure("InternalError", retried=True)
 
     data = counters.snapshot().as_dict()
 
@@ -207,6 +210,11 @@ def test_as_dict_is_plain_json_with_prometheus_bucket_labels(counters: LeaseMetr
                 "+Inf": 2,
             },
         },
+        "deletes_pending": 4,
+        "delete_calls": 1,
+        "messages_deleted": 9,
+        "delete_failures": {"InternalError": 1},
+        "deletes_retried": 1,
     }
 
 
@@ -256,6 +264,10 @@ def test_the_summary_is_one_line_with_every_counter_and_the_margins(
     counters.record_lease_lost()
     counters.record_released(2)
     counters.record_receive_error("InternalError")
+    counters.set_deletes_pending(1)
+    counters.record_delete_call(deleted=10)
+    counters.record_delete_failure("ReceiptHandleIsInvalid", retried=False)
+    counters.record_delete_failure("InternalError", retried=True)
 
     line = counters.snapshot().summary()
 
@@ -263,7 +275,8 @@ def test_the_summary_is_one_line_with_every_counter_and_the_margins(
     assert line == (
         "SQS lease summary: held=3 renewal_calls=1 renewal_entries=10 "
         "renewal_failures=3 (MessageNotInflight=1 ThrottlingException=2) lost=1 released=2 "
-        "receive_errors=1 (InternalError=1) "
+        "receive_errors=1 (InternalError=1) deletes_pending=1 delete_calls=1 deleted=10 "
+        "delete_failures=2 (InternalError=1 ReceiptHandleIsInvalid=1) deletes_retried=1 "
         "margin_seconds min=0.80 median<=2.00 max=9.50 (counts since the process started)"
     )
 
@@ -420,6 +433,9 @@ def test_the_collector_exposes_every_counter_in_prometheus_terms(counters: Lease
     counters.record_lease_lost()
     counters.record_released(5)
     counters.record_receive_error("InternalError")
+    counters.set_deletes_pending(2)
+    counters.record_delete_call(deleted=7)
+    counters.record_delete_failure("InternalError", retried=True)
 
     samples = scrape(LeaseMetricsCollector(counters.snapshot))
 
@@ -433,6 +449,11 @@ def test_the_collector_exposes_every_counter_in_prometheus_terms(counters: Lease
         "celery_sqs_heartbeat_leases_lost_total": 1,
         "celery_sqs_heartbeat_messages_released_total": 5,
         "celery_sqs_heartbeat_receive_errors_total{code=InternalError}": 1,
+        "celery_sqs_heartbeat_deletes_pending": 2,
+        "celery_sqs_heartbeat_delete_calls_total": 1,
+        "celery_sqs_heartbeat_messages_deleted_total": 7,
+        "celery_sqs_heartbeat_delete_failures_total{code=InternalError}": 1,
+        "celery_sqs_heartbeat_deletes_retried_total": 1,
         f"{margin}_bucket{{le=0.5}}": 1,
         f"{margin}_bucket{{le=1.0}}": 1,
         f"{margin}_bucket{{le=2.0}}": 1,

@@ -27,6 +27,8 @@ def test_defaults_when_no_option_is_given() -> None:
     assert options.release_delay == (0,)
     assert options.release_on_shutdown is True
     assert options.release_on_failure is False
+    assert options.ack_batching is True
+    assert options.ack_batch_interval == 0.5
 
 
 @pytest.mark.parametrize(
@@ -156,6 +158,15 @@ def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
         ({"release_on_failure": 1}, ["release_on_failure=1", "True or False"]),
         ({"release_on_shutdown": "yes"}, ["release_on_shutdown='yes'", "True or False"]),
         ({"release_on_shutdown": 0}, ["release_on_shutdown=0", "True or False"]),
+        ({"ack_batching": "no"}, ["ack_batching='no'", "True or False"]),
+        # ack_batch_interval: 0 to 10 s, and under half the lease without renewals.
+        ({"ack_batch_interval": -0.1}, ["ack_batch_interval=-0.1", "0 (at once) to 10"]),
+        ({"ack_batch_interval": 10.5}, ["ack_batch_interval=10.5", "0 (at once) to 10"]),
+        ({"ack_batch_interval": "1"}, ["ack_batch_interval='1'", "0 (at once) to 10"]),
+        (
+            {"visibility_extension": False, "visibility_timeout": 4, "ack_batch_interval": 3},
+            ["ack_batch_interval=3", "0 (at once) to 2", "visibility_extension is off"],
+        ),
     ],
 )
 def test_a_bad_option_is_refused_with_its_name_value_and_what_is_allowed(
@@ -353,3 +364,18 @@ def test_a_near_miss_of_metrics_port_warns(caplog: pytest.LogCaptureFixture) -> 
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "'metric_port'" in warning
     assert "'metrics_port'" in warning
+
+
+@pytest.mark.parametrize("interval", [0, 0.25, 10])
+def test_an_ack_batch_interval_in_range_is_kept(interval: float) -> None:
+    assert parse(ack_batch_interval=interval).ack_batch_interval == interval
+
+
+def test_without_renewals_the_default_ack_wait_stays_under_half_a_short_lease() -> None:
+    options = parse(visibility_extension=False, visibility_timeout=0)
+
+    assert options.ack_batch_interval == 0
+
+
+def test_the_ack_pipeline_can_be_turned_off() -> None:
+    assert parse(ack_batching=False).ack_batching is False

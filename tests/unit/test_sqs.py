@@ -159,6 +159,27 @@ def test_an_entry_failing_for_another_reason_is_transient(
     assert results[failing][0] is EntryResult.TRANSIENT
 
 
+def test_an_error_quoting_the_receipt_handle_shows_only_its_first_characters(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    handle = "AQEB" + "x" * 300
+    gone = make_lease("jobs", task_id="t0", receipt_handle=handle)
+    quoting = {
+        "Id": "0",
+        "SenderFault": True,
+        "Code": "InvalidParameterValue",
+        "Message": f"Value {handle} for parameter ReceiptHandle is invalid.",
+    }
+    stub.add_response(OPERATION, {"Successful": [], "Failed": [quoting]}, request_for([(gone, 30)]))
+
+    kind, reason = sqs_queue.change_visibility([(gone, 30)])[gone]
+
+    assert kind is EntryResult.LOST
+    assert (
+        reason == "InvalidParameterValue: Value AQEBxxxx… for parameter ReceiptHandle is invalid."
+    )
+
+
 # --- whole-call failures --------------------------------------------------------------------
 
 
@@ -305,3 +326,45 @@ def test_the_client_source_is_asked_on_every_call() -> None:
 
         old_stub.assert_no_pending_responses()
         new_stub.assert_no_pending_responses()
+
+
+# --- deletes --------------------------------------------------------------------------------
+
+
+def test_a_delete_goes_out_as_one_batch_and_each_entry_gets_its_own_result(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    done, gone, later = leases(3)
+    stub.add_response(
+        "delete_message_batch",
+        {
+            "Successful": [{"Id": "0"}],
+            "Failed": [failed("1", "ReceiptHandleIsInvalid"), failed("2", "InternalError")],
+        },
+        {
+            "QueueUrl": QUEUE_URL,
+            "Entries": [
+                {"Id": str(i), "ReceiptHandle": lease.receipt_handle}
+                for i, lease in enumerate([done, gone, later])
+            ],
+        },
+    )
+
+    results = sqs_queue.delete([done, gone, later])
+
+    assert results[done] == (EntryResult.OK, "")
+    assert results[gone][0] is EntryResult.LOST
+    assert results[later][0] is EntryResult.TRANSIENT
+
+
+def test_a_failed_delete_call_is_transient_for_every_entry(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    batch = leases(2)
+    stub.add_client_error(
+        "delete_message_batch", service_error_code="ServiceUnavailable", http_status_code=503
+    )
+
+    results = sqs_queue.delete(batch)
+
+    assert {kind for kind, _ in results.values()} == {EntryResult.TRANSIENT}

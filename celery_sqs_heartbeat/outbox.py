@@ -1,0 +1,196 @@
+"""Deletes and releases waiting to be sent to SQS: pure bookkeeping, time passed in.
+
+An ack or a reject is a decision about a message; telling SQS is a request, and SQS
+bills per request, not per entry. So decisions wait here, per queue, until ten of one
+kind are waiting or one of them is due (``ack_batch_interval`` after the ack), and then
+go out as one ``DeleteMessageBatch`` or ``ChangeMessageVisibilityBatch``, taking along
+whatever else of that queue and kind is waiting. A message that must go at once (FIFO:
+its message group waits for its delete) is simply due at once.
+
+The lease of a message waiting here is still renewed: SQS keeps the message hidden
+until the delete is confirmed, so a failed delete never hands a finished task to another
+worker. A transient failure puts the entry back, to be tried again after
+``retry_delay``, as long as its lease holds.
+
+Like :mod:`celery_sqs_heartbeat.leases`, nothing here is thread-safe or does I/O: the
+manager holds its lock around every call and makes the SQS calls outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .leases import SQS_BATCH_SIZE, EntryResult, Lease
+
+__all__ = ["Outbox", "OutboxBatch", "OutboxSettlement", "Outgoing", "Request"]
+
+#: Seconds before its lease runs out by which an entry goes out, whatever its batch wait.
+EXPIRY_MARGIN = 1.0
+
+
+class Request(Enum):
+    """What SQS is asked to do with a message."""
+
+    DELETE = "delete"
+    #: Make it visible again after the entry's delay: ChangeMessageVisibility.
+    RELEASE = "release"
+
+
+@dataclass(eq=False)
+class Outgoing:
+    """One message's pending delete or release."""
+
+    lease: Lease
+    request: Request
+    #: The visibility a release sets; unused for deletes.
+    delay: int = 0
+    reason: str = ""
+    #: When it should go out at the latest, on the caller's clock.
+    due_at: float = 0.0
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class OutboxBatch:
+    """One call: up to ten entries of one kind for one queue."""
+
+    queue: Hashable
+    request: Request
+    entries: tuple[Outgoing, ...]
+
+
+@dataclass
+class OutboxSettlement:
+    """What came of a batch: for the manager to end leases, count and report."""
+
+    done: list[Outgoing] = field(default_factory=list)
+    #: SQS no longer knows the receipt handle: the delete or release can never happen.
+    lost: list[tuple[Outgoing, str]] = field(default_factory=list)
+    #: Failed, and put back for another try.
+    retried: list[tuple[Outgoing, str]] = field(default_factory=list)
+    #: Failed, and given up on because the lease ran out meanwhile.
+    abandoned: list[tuple[Outgoing, str]] = field(default_factory=list)
+
+
+class Outbox:
+    """Pending deletes and releases, per queue and kind, in the order they were decided."""
+
+    def __init__(self, retry_delay: float) -> None:
+        self.retry_delay = retry_delay
+        self._waiting: dict[tuple[Hashable, Request], list[Outgoing]] = {}
+        self._in_flight = 0
+        #: Deletes waiting or on the wire, by SQS message id.
+        self._deletes: dict[str, Outgoing] = {}
+
+    def __len__(self) -> int:
+        """Entries waiting or on the wire."""
+        return sum(len(items) for items in self._waiting.values()) + self._in_flight
+
+    def __iter__(self) -> Iterator[Outgoing]:
+        for items in self._waiting.values():
+            yield from items
+
+    def add(self, item: Outgoing, due_at: float) -> None:
+        """Wait until ``due_at`` at the latest; sooner if a batch fills up or another is due.
+
+        Never past the lease, though: a lease that is no longer renewed (capped, lost, or
+        renewals turned off) must not run out while its delete waits for company, or
+        SQS hands the finished task to someone else.
+        """
+        item.due_at = min(due_at, item.lease.expires_at - EXPIRY_MARGIN)
+        if item.request is Request.DELETE and item.lease.message_id:
+            self._deletes[item.lease.message_id] = item
+        self._waiting.setdefault((item.lease.queue, item.request), []).append(item)
+
+    def redirect_delete(self, lease: Lease) -> Lease | None:
+        """Delete ``lease``, a new receive of a message whose delete is pending, instead.
+
+        SQS hands a message out again when its lease ran out before the delete landed;
+        a delete by the older receipt handle would then succeed without deleting it. So
+        the pending delete moves to the new receipt, and the task is not run again.
+        Returns the lease it replaces, or None if no delete of that message is pending.
+        """
+        item = self._deletes.get(lease.message_id or "")
+        if item is None or item.lease.queue != lease.queue:
+            return None
+        replaced, item.lease = item.lease, lease
+        return replaced
+
+    def next_due(self, flushing: bool = False) -> float | None:
+        """When the next call is owed, if anything waits; a full batch is owed now.
+
+        ``flushing`` (the channel closes, the process ends) makes every entry not tried
+        yet due now; one that failed still waits for its retry, so a failing SQS is not
+        hammered for as long as the flush may wait.
+        """
+        owed = [
+            float("-inf")
+            if len(items) >= SQS_BATCH_SIZE
+            else min(self._due(i, flushing) for i in items)
+            for items in self._waiting.values()
+        ]
+        return min(owed, default=None)
+
+    @staticmethod
+    def _due(item: Outgoing, flushing: bool) -> float:
+        return float("-inf") if flushing and not item.attempts else item.due_at
+
+    def due_batches(self, now: float, flushing: bool = False) -> list[OutboxBatch]:
+        """The calls to make now; their entries count as on the wire until settled.
+
+        Full batches always go. The rest of a queue's entries of one kind go together
+        once any of them is due, so an entry due now takes the others along instead of
+        leaving them for a call of their own a moment later.
+        """
+        batches = []
+        for key in list(self._waiting):
+            items = self._waiting[key]
+            if any(self._due(item, flushing) <= now for item in items):
+                sending, kept = items, []
+            else:
+                full = len(items) - len(items) % SQS_BATCH_SIZE
+                sending, kept = items[:full], items[full:]
+            if kept:
+                self._waiting[key] = kept
+            else:
+                del self._waiting[key]
+            queue, request = key
+            for start in range(0, len(sending), SQS_BATCH_SIZE):
+                chunk = tuple(sending[start : start + SQS_BATCH_SIZE])
+                batches.append(OutboxBatch(queue, request, chunk))
+                self._in_flight += len(chunk)
+        return batches
+
+    def settle(
+        self,
+        batch: OutboxBatch,
+        results: Mapping[Lease, tuple[EntryResult, str]],
+        now: float,
+    ) -> OutboxSettlement:
+        """Apply SQS's answer to ``batch``; ``now`` is when it arrived."""
+        settlement = OutboxSettlement()
+        self._in_flight -= len(batch.entries)
+        for item in batch.entries:
+            item.attempts += 1
+            # An entry redirected to a newer receipt while on the wire finds no answer
+            # for its new lease here, and goes out again with it.
+            outcome, reason = results.get(item.lease, (EntryResult.TRANSIENT, "no answer"))
+            if outcome is EntryResult.TRANSIENT and now < item.lease.expires_at:
+                self.add(item, now + self.retry_delay)
+                settlement.retried.append((item, reason))
+                continue
+            self._forget(item)
+            if outcome is EntryResult.OK:
+                settlement.done.append(item)
+            elif outcome is EntryResult.LOST:
+                settlement.lost.append((item, reason))
+            else:
+                settlement.abandoned.append((item, reason))
+        return settlement
+
+    def _forget(self, item: Outgoing) -> None:
+        message_id = item.lease.message_id
+        if item.request is Request.DELETE and message_id and self._deletes.get(message_id) is item:
+            del self._deletes[message_id]
