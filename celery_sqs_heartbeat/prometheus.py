@@ -19,7 +19,7 @@ This module imports without prometheus-client; only collecting and serving need 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from celery.utils.log import get_logger
@@ -75,14 +75,11 @@ class LeaseMetricsCollector:
             "Lease renewals sent (entries of the renewal calls).",
             value=current.renewal_entries,
         )
-        failures = CounterMetricFamily(
-            f"{METRIC_PREFIX}_renewal_failures",
+        yield _by_code(
+            "renewal_failures",
             "Lease renewals that failed, by SQS error code or network error.",
-            labels=["code"],
+            current.renewal_failures,
         )
-        for code, count in sorted(current.renewal_failures.items()):
-            failures.add_metric([code], count)
-        yield failures
         yield CounterMetricFamily(
             f"{METRIC_PREFIX}_leases_lost",
             "Leases lost while their task was pending: SQS may deliver those messages again.",
@@ -93,14 +90,11 @@ class LeaseMetricsCollector:
             "Messages made visible again on reject, requeue or shutdown.",
             value=current.messages_released,
         )
-        receive_errors = CounterMetricFamily(
-            f"{METRIC_PREFIX}_receive_errors",
+        yield _by_code(
+            "receive_errors",
             "Failed ReceiveMessage calls, by SQS error code or network error.",
-            labels=["code"],
+            current.receive_errors,
         )
-        for code, count in sorted(current.receive_errors.items()):
-            receive_errors.add_metric([code], count)
-        yield receive_errors
         yield GaugeMetricFamily(
             f"{METRIC_PREFIX}_deletes_pending",
             "Acked messages whose delete SQS has not confirmed yet; their leases are held.",
@@ -116,14 +110,11 @@ class LeaseMetricsCollector:
             "Acked messages whose delete SQS confirmed.",
             value=current.messages_deleted,
         )
-        delete_failures = CounterMetricFamily(
-            f"{METRIC_PREFIX}_delete_failures",
+        yield _by_code(
+            "delete_failures",
             "Deletes that failed, by SQS error code or network error.",
-            labels=["code"],
+            current.delete_failures,
         )
-        for code, count in sorted(current.delete_failures.items()):
-            delete_failures.add_metric([code], count)
-        yield delete_failures
         yield CounterMetricFamily(
             f"{METRIC_PREFIX}_deletes_retried",
             "Failed deletes tried again while their lease held.",
@@ -137,6 +128,16 @@ class LeaseMetricsCollector:
             buckets=margin.labelled_buckets(),
             sum_value=margin.sum,
         )
+
+
+def _by_code(name: str, documentation: str, counts: Mapping[str, int]) -> Metric:
+    """A counter with one sample per error code."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(f"{METRIC_PREFIX}_{name}", documentation, labels=["code"])
+    for code, count in sorted(counts.items()):
+        family.add_metric([code], count)
+    return family
 
 
 def start_exporter(options: HeartbeatOptions) -> None:

@@ -1,0 +1,99 @@
+"""Keeps ``benchmarks/worker_throughput.py`` working: the benchmark is only run by hand, so
+without this a change to the transport or the test server could break it unnoticed.
+
+Nothing here is timed: the smoke run's figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import boto3
+import pytest
+
+from celery_sqs_heartbeat.testing import StrictSQSServer
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "worker_throughput.py"
+
+
+def _benchmark_module() -> ModuleType:
+    """The script is not in a package, so it is loaded from its file.
+
+    It is registered in ``sys.modules`` first: its dataclasses look their module up there.
+    """
+    name = "worker_throughput"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+@pytest.mark.integration
+def test_smoke_run_compares_both_transports(tmp_path: Path) -> None:
+    report = tmp_path / "acks.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--markdown",
+            str(report),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    table = report.read_text()
+    assert table.strip() in done.stdout
+    for transport in ("stock", "ours"):
+        row = re.search(rf"^\| 0 ms \| threads -c 8 \| {transport} \| 1 \| (\S+) ", table, re.M)
+        assert row, f"no row for {transport} in:\n{table}"
+        float(row.group(1))  # tasks/s, i.e. every message was deleted
+    assert "**NO**" not in table and "VIOLATIONS" not in table
+
+
+def test_batched_deletes_count_as_deletes(sqs_server: StrictSQSServer) -> None:
+    """The run ends at the last message's delete, however the transport sends deletes."""
+    bench = _benchmark_module()
+    sqs = boto3.client("sqs", **sqs_server.boto3_kwargs)
+    queue = "bench-batched-deletes"
+    url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    for n in range(3):
+        sqs.send_message(QueueUrl=url, MessageBody=str(n))
+    sqs_server.clear_events()
+    sqs_server.reset_calls()
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert len(received) == 3
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=received[0]["ReceiptHandle"])
+    sqs.delete_message_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(received[1:])
+        ],
+    )
+
+    deleted, first_receive, last_delete = bench.deletion_progress(sqs_server.events(), queue)
+    calls, entries = sqs_server.calls(), sqs_server.batch_entries()
+
+    assert deleted == 3
+    assert 0 < first_receive <= last_delete
+    assert bench._deletes_arrived(calls, entries) == 3
