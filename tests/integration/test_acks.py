@@ -37,8 +37,10 @@ def test_acks_are_deleted_in_batches_on_every_pool(
         bed.wait_for_executions(len(tasks), timeout=60)
         wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 25, 10)
         log = process.log
-    assert bed.runs_per_task() == dict.fromkeys(tasks, 1), log
     sent = deletes_sent(bed)
+    mode = "late" if acks_late == "1" else "early"
+    report(f"batched acks/{pool}/{mode}", **tally(bed, tasks), calls=bed.server.calls())
+    assert bed.runs_per_task() == dict.fromkeys(tasks, 1), log
     assert sent["DeleteMessage"] == 0, sent
     # 25 acks in fewer calls than messages: batching works on this pool.
     assert 3 <= sent["DeleteMessageBatch"] < 25, sent
@@ -96,6 +98,12 @@ def test_failed_entries_of_a_delete_batch_are_retried_alone(bed: Bed) -> None:
         wait_until(lambda: not bed.server.pending_faults(), timeout=10)
         wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 10)
         log = process.log
+    report(
+        "failed entries",
+        **tally(bed, tasks),
+        calls=bed.server.calls(),
+        entries=bed.server.batch_entries(),
+    )
     assert bed.runs_per_task() == dict.fromkeys(tasks, 1)
     # Each message deleted once it was asked again: 12 entries, and 3 asked twice.
     assert bed.server.batch_entries()["DeleteMessageBatch"] == 15, log
@@ -128,6 +136,9 @@ def test_deletes_still_waiting_are_sent_when_the_worker_stops(bed: Bed, signal_n
         log = process.log
     finally:
         process.warm_shutdown()
+    report(
+        f"deletes pending at shutdown/{signal_name}", **tally(bed, tasks), calls=bed.server.calls()
+    )
     assert deletes_sent(bed) == {"DeleteMessage": 0, "DeleteMessageBatch": 1}, log
     assert bed.runs_per_task() == dict.fromkeys(tasks, 1)
     assert_queue_empty(bed)
@@ -158,6 +169,9 @@ def test_a_fifo_queue_s_deletes_go_out_at_once_so_the_group_moves_on(bed: Bed) -
         runs = bed.wait_for_executions(len(tasks), timeout=30)
         wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 6, 10)
         log = process.log
+    report(
+        "fifo", **tally(bed, tasks), calls=bed.server.calls(), entries=bed.server.batch_entries()
+    )
     assert len(runs) == len(tasks), log
     assert bed.runs_per_task() == dict.fromkeys(tasks, 1)
     assert [run["task_id"] for run in sorted(runs, key=lambda run: run["start"])] == tasks
