@@ -8,6 +8,7 @@ worker with an error naming the option, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -179,35 +180,61 @@ def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _seconds(options: Mapping[str, Any], name: str, default: float, allowed: str) -> float:
+def _numeric(value: Any) -> Any:
+    """A number given as text, as settings read from environment variables are.
+
+    kombu reads ``visibility_timeout`` with ``float()``, so ``"21600"`` and ``"21600.0"``
+    work there and must work here. Any other text is returned as it is, to be refused
+    with the option's own message.
+    """
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return value
+        if math.isfinite(number):
+            return int(number) if number.is_integer() and "." not in value else number
+    return value
+
+
+def _given(options: Mapping[str, Any], name: str, default: Any) -> Any:
+    # An empty string means "not set", as kombu reads it.
     value = options.get(name, default)
+    return default if value is None or (isinstance(value, str) and not value.strip()) else value
+
+
+def _seconds(options: Mapping[str, Any], name: str, default: float, allowed: str) -> float:
+    given = _given(options, name, default)
+    value = _numeric(given)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidTransportOption(f"{name}={value!r}: must be a number of seconds, {allowed}")
+        raise InvalidTransportOption(f"{name}={given!r}: must be a number of seconds, {allowed}")
     return float(value)
 
 
 def _whole_seconds(options: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
-    return _checked_whole_seconds(name, options.get(name, default), low, high)
+    return _checked_whole_seconds(name, _given(options, name, default), low, high)
 
 
-def _checked_whole_seconds(name: str, value: Any, low: int, high: int) -> int:
+def _checked_whole_seconds(name: str, given: Any, low: int, high: int) -> int:
     # SQS takes whole seconds only; 2.5 would be truncated by SQS, so it is refused here.
+    value = _numeric(given)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTransportOption(f"{name}={value!r}: must be whole seconds, {low} to {high}")
+        raise InvalidTransportOption(f"{name}={given!r}: must be whole seconds, {low} to {high}")
     if not low <= value <= high:
-        raise InvalidTransportOption(f"{name}={value!r}: allowed range is {low} to {high} seconds")
+        raise InvalidTransportOption(f"{name}={given!r}: allowed range is {low} to {high} seconds")
     return value
 
 
 def _metrics_port(options: Mapping[str, Any]) -> int | None:
-    value = options.get("metrics_port")
+    given = _given(options, "metrics_port", None)
+    value = _numeric(given)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise InvalidTransportOption(
-            f"metrics_port={value!r}: must be a TCP port, 1 to 65535, or None (no exporter)"
+            f"metrics_port={given!r}: must be a TCP port, 1 to 65535, or None (no exporter)"
         )
     return value
 

@@ -92,10 +92,11 @@ def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
         # visibility_timeout: whole seconds from 0 to 43200 (2 while extending).
         ({"visibility_timeout": -1}, ["visibility_timeout=-1", "0 to 43200"]),
         ({"visibility_timeout": 43201}, ["visibility_timeout=43201", "0 to 43200"]),
-        ({"visibility_timeout": "30"}, ["visibility_timeout='30'", "0 to 43200"]),
+        ({"visibility_timeout": "thirty"}, ["visibility_timeout='thirty'", "0 to 43200"]),
+        ({"visibility_timeout": "2.5"}, ["visibility_timeout='2.5'", "0 to 43200"]),
+        ({"visibility_timeout": "50000"}, ["visibility_timeout='50000'", "0 to 43200"]),
         ({"visibility_timeout": 2.5}, ["visibility_timeout=2.5", "0 to 43200"]),
         ({"visibility_timeout": True}, ["visibility_timeout=True", "0 to 43200"]),
-        ({"visibility_timeout": None}, ["visibility_timeout=None", "0 to 43200"]),
         ({"visibility_timeout": 1}, ["visibility_timeout=1", "2 to 43200"]),
         ({"visibility_timeout": 0}, ["visibility_timeout=0", "2 to 43200"]),
         # threshold: greater than 0, less than the timeout.
@@ -142,14 +143,15 @@ def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
             ["visibility_extension_max=43201", "visibility_timeout (30) to 43200"],
         ),
         ({"visibility_extension_max": "x"}, ["visibility_extension_max='x'", "seconds"]),
-        ({"visibility_extension_threshold": "10"}, ["visibility_extension_threshold='10'"]),
+        ({"visibility_extension_threshold": "ten"}, ["visibility_extension_threshold='ten'"]),
+        ({"visibility_extension_threshold": "nan"}, ["visibility_extension_threshold='nan'"]),
         ({"visibility_extension_interval": True}, ["visibility_extension_interval=True"]),
         # release_delay: whole seconds from 0 to 43200, or a non-empty list of them.
         ({"release_delay": -1}, ["release_delay=-1", "0 to 43200"]),
         ({"release_delay": 43201}, ["release_delay=43201", "0 to 43200"]),
         ({"release_delay": [5, 43201]}, ["release_delay=43201", "0 to 43200"]),
         ({"release_delay": ["a"]}, ["release_delay='a'", "0 to 43200"]),
-        ({"release_delay": "5"}, ["release_delay='5'", "0 to 43200"]),
+        ({"release_delay": "5s"}, ["release_delay='5s'", "0 to 43200"]),
         ({"release_delay": 1.5}, ["release_delay=1.5", "0 to 43200"]),
         ({"release_delay": []}, ["release_delay=[]", "at least one delay"]),
         # booleans: True or False, nothing truthy.
@@ -162,7 +164,7 @@ def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
         # ack_batch_interval: 0 to 10 s, and under half the lease without renewals.
         ({"ack_batch_interval": -0.1}, ["ack_batch_interval=-0.1", "0 (at once) to 10"]),
         ({"ack_batch_interval": 10.5}, ["ack_batch_interval=10.5", "0 (at once) to 10"]),
-        ({"ack_batch_interval": "1"}, ["ack_batch_interval='1'", "0 (at once) to 10"]),
+        ({"ack_batch_interval": "soon"}, ["ack_batch_interval='soon'", "0 (at once) to 10"]),
         (
             {"visibility_extension": False, "visibility_timeout": 4, "ack_batch_interval": 3},
             ["ack_batch_interval=3", "0 (at once) to 2", "visibility_extension is off"],
@@ -330,7 +332,7 @@ def test_a_metrics_port_of_none_means_no_exporter() -> None:
     assert parse(metrics_port=None).metrics_port is None
 
 
-@pytest.mark.parametrize("port", [0, -1, 65536, "9100", 9100.0, True])
+@pytest.mark.parametrize("port", [0, -1, 65536, "9100.0", "http", 9100.0, True])
 def test_a_bad_metrics_port_is_refused_with_the_allowed_range(port: Any) -> None:
     with pytest.raises(InvalidTransportOption) as raised:
         parse(metrics_port=port)
@@ -379,3 +381,32 @@ def test_without_renewals_the_default_ack_wait_stays_under_half_a_short_lease() 
 
 def test_the_ack_pipeline_can_be_turned_off() -> None:
     assert parse(ack_batching=False).ack_batching is False
+
+
+def test_numbers_given_as_text_are_read_as_kombu_reads_them() -> None:
+    """Settings read from environment variables arrive as text: "21600" or "21600.0"."""
+    options = parse(
+        visibility_timeout="600",
+        visibility_extension_threshold=" 20.5 ",
+        visibility_extension_interval="2",
+        visibility_extension_max="3600.0",
+        release_delay=["10", "60.0"],
+        ack_batch_interval="0.25",
+        metrics_port="9464",
+    )
+
+    assert options.visibility_timeout == 600
+    assert options.visibility_extension_threshold == 20.5
+    assert options.visibility_extension_interval == 2.0
+    assert options.visibility_extension_max == 3600.0
+    assert options.release_delay == (10, 60)
+    assert options.ack_batch_interval == 0.25
+    assert options.metrics_port == 9464
+
+
+@pytest.mark.parametrize("unset", [None, "", "  "])
+def test_an_option_set_to_nothing_takes_its_default_as_in_kombu(unset: Any) -> None:
+    options = parse(visibility_timeout=unset, visibility_extension_threshold=unset)
+
+    assert options.visibility_timeout == 30
+    assert options.visibility_extension_threshold == 10
