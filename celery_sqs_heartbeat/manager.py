@@ -286,7 +286,7 @@ class VisibilityExtensionManager:
         with self._lock:
             settlement = self._outbox.settle(batch, results, self.clock())
             if batch.request is Request.DELETE:
-                self._settle_deletes(batch, settlement)
+                self._settle_deletes(settlement)
             self._count_pending()
         if batch.request is Request.DELETE:
             self._note_queue_health(queue, "Deleting acked messages", results.values())
@@ -295,7 +295,7 @@ class VisibilityExtensionManager:
             self._note_queue_health(queue, "Releasing messages", results.values())
             self._report_releases(queue, settlement)
 
-    def _settle_deletes(self, batch: OutboxBatch, settlement: OutboxSettlement) -> None:
+    def _settle_deletes(self, settlement: OutboxSettlement) -> None:
         """End the leases of confirmed or hopeless deletes; the caller holds the lock."""
         self._metrics.record_delete_call(len(settlement.done))
         for item in settlement.done:
