@@ -160,14 +160,15 @@ def test_a_fifo_queue_s_deletes_go_out_at_once_so_the_group_moves_on(bed: Bed) -
     """A message group waits for its delete; a batch wait would stall it after every task."""
     bed.queue = f"{bed.queue}.fifo"
     bed.sqs().create_queue(
-        QueueName=bed.queue, Attributes={"FifoQueue": "true", "VisibilityTimeout": "10"}
+        QueueName=bed.queue, Attributes={"FifoQueue": "true", "VisibilityTimeout": "30"}
     )
     tasks = [bed.send("busy", f"t{n}", 0.1) for n in range(6)]
     bed.server.reset_calls()
-    options = {"visibility_timeout": 10, "ack_batch_interval": 10}
+    batch_wait = 10
+    options = {"visibility_timeout": 30, "ack_batch_interval": batch_wait}
     with worker(bed, "threads", 4, options=options) as process:
-        runs = bed.wait_for_executions(len(tasks), timeout=30)
-        wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 6, 10)
+        runs = bed.wait_for_executions(len(tasks), timeout=90)
+        wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 6, 20)
         log = process.log
     report(
         "fifo", **tally(bed, tasks), calls=bed.server.calls(), entries=bed.server.batch_entries()
@@ -175,4 +176,16 @@ def test_a_fifo_queue_s_deletes_go_out_at_once_so_the_group_moves_on(bed: Bed) -
     assert len(runs) == len(tasks), log
     assert bed.runs_per_task() == dict.fromkeys(tasks, 1)
     assert [run["task_id"] for run in sorted(runs, key=lambda run: run["start"])] == tasks
+    # One group, in order: the k-th delete belongs to the k-th task to end. Each lands
+    # well inside the batch wait after its task ended, instead of waiting it out.
+    ends = sorted(run["end"] for run in runs)
+    deletes = sorted(
+        event["t"]
+        for event in bed.server.events()
+        if event["queue"] == bed.queue and event["action"] == "delete" and event["result"] == "ok"
+    )
+    assert len(deletes) == len(tasks), deletes
+    assert (
+        max(deleted - ended for ended, deleted in zip(ends, deletes, strict=True)) < batch_wait / 2
+    )
     assert_queue_empty(bed)
