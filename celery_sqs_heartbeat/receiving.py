@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
-from kombu.transport.SQS.exceptions import DoesNotExistQueueException, UndefinedQueueException
+
+from .compat import DoesNotExistQueueException, UndefinedQueueException
 
 __all__ = [
     "NO_ANSWER",

@@ -20,10 +20,11 @@ import math
 import re
 import sys
 from collections.abc import Iterable
-from functools import partial
+from functools import cache, partial
 from queue import Empty
 from typing import Any, cast
 
+import kombu
 from botocore.client import BaseClient
 from celery.exceptions import WorkerShutdown
 from celery.platforms import EX_FAILURE
@@ -38,6 +39,7 @@ from . import (
     control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
     metrics,
 )
+from .compat import KOMBU_BROADCASTS_THROUGH_SNS, SQSChannel, is_backoff_task
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
@@ -85,7 +87,7 @@ class QoS(SQS.QoS):
         return []
 
 
-class Channel(SQS.Channel):
+class Channel(SQSChannel):
     """kombu's SQS channel, asking for the transport's lease on every receive."""
 
     QoS = QoS
@@ -143,6 +145,8 @@ class Channel(SQS.Channel):
         # Consumers only: producers never open a port, and in a prefork worker the main
         # process, which consumes, is the one that holds and renews the leases.
         start_exporter(self.options)
+        if self.transport_options.get("supports_fanout") and not KOMBU_BROADCASTS_THROUGH_SNS:
+            _warn_broadcast_needs_sns()
         return super().basic_consume(queue, no_ack, *args, **kwargs)
 
     def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> list[str]:
@@ -516,7 +520,7 @@ class Channel(SQS.Channel):
         lease = self.leases.get(delivery_tag)
         releasing = lease is not None and (
             requeue
-            or (self.options.release_on_failure and not self.qos.is_backoff_task(delivery_tag))
+            or (self.options.release_on_failure and not is_backoff_task(self.qos, delivery_tag))
         )
         if lease is None or not releasing:
             # kombu deletes the message here unless the queue has a dead-letter queue,
@@ -596,7 +600,7 @@ class Transport(SQS.Transport):
         )
         super().__init__(client, **kwargs)
         self.lease_queues: dict[str, SQSQueue] = {}
-        if (client.transport_options or {}).get("supports_fanout"):
+        if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:
             # Broadcasts go through SNS then; saying so is what makes Celery start remote
             # control, which kombu's SQS transport never declares.
             self.implements = self.implements.extend(exchange_type=frozenset({"direct", "fanout"}))
@@ -612,6 +616,16 @@ class Transport(SQS.Transport):
         set_event_loop(loop)
         for channel in self.channels:
             channel.hub = loop
+
+
+@cache
+def _warn_broadcast_needs_sns() -> None:
+    logger.warning(
+        "supports_fanout is set, but this kombu (%s) has no SNS fanout for SQS, which came "
+        "in kombu 5.7: broadcasts would reach no worker, so remote control (celery "
+        "inspect, celery control) stays off",
+        kombu.__version__,
+    )
 
 
 def _raise(error: BaseException) -> None:

@@ -12,7 +12,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
 
 from .harness import REPO, Bed, worker
 
@@ -119,6 +122,10 @@ def inspect(bed: Bed, command: str, options: dict[str, Any]) -> dict[str, Any]:
     return replies
 
 
+@pytest.mark.skipif(
+    not KOMBU_BROADCASTS_THROUGH_SNS,
+    reason="kombu before 5.7 has no SNS fanout: a broadcast on SQS reaches no worker",
+)
 def test_inspect_sqs_leases_lists_the_running_task_and_its_renewals(bed: Bed) -> None:
     # Remote control on SQS goes through kombu's SNS fanout.
     options = {"visibility_timeout": LEASE, "supports_fanout": True}
@@ -145,6 +152,19 @@ def test_inspect_sqs_leases_lists_the_running_task_and_its_renewals(bed: Bed) ->
     assert counters["leases_held"] >= 1
     assert counters["renewal_calls"] >= 1
     assert counters["renewal_margin"]["count"] >= 1
+
+
+@pytest.mark.skipif(
+    KOMBU_BROADCASTS_THROUGH_SNS, reason="kombu 5.7 and later broadcast through SNS"
+)
+def test_without_sns_fanout_the_worker_says_remote_control_is_off_and_works(bed: Bed) -> None:
+    options = {"visibility_timeout": LEASE, "supports_fanout": True}
+    task_id = bed.send("busy", "short", 0.1)
+    with worker(bed, "prefork", 1, options=options) as process:
+        bed.wait_for_executions(1, timeout=30)
+        log = process.log
+    assert bed.runs_per_task() == {task_id: 1}
+    assert "has no SNS fanout for SQS, which came in kombu 5.7" in log, log
 
 
 def test_a_worker_at_debug_level_logs_the_lease_summary(bed: Bed) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 from botocore.parsers import ResponseParserError
-from kombu.transport.SQS.exceptions import DoesNotExistQueueException
 
+from celery_sqs_heartbeat.compat import DoesNotExistQueueException
 from celery_sqs_heartbeat.receiving import (
     RECEIVE_RETRY_CAP,
     ReceiveBackoff,
