@@ -258,16 +258,20 @@ def tally(bed: Bed, sent: list[str]) -> dict[str, int]:
     }
 
 
+def records(log: str) -> list[str]:
+    """A worker log cut into its records, each with its traceback; what comes first, too."""
+    starts = [match.start() for match in _RECORD_START.finditer(log)]
+    return [log[start:end] for start, end in zip([0, *starts], [*starts, len(log)], strict=True)]
+
+
 def leaks(log: str) -> list[str]:
     """Log records at INFO or above that show the secret key or a receipt handle.
 
     The banner and anything printed before the first record count as INFO. DEBUG records
     are the operator's explicit choice to see everything, botocore's wire logs included.
     """
-    starts = [match.start() for match in _RECORD_START.finditer(log)]
     found = []
-    for start, end in zip([0, *starts], [*starts, len(log)], strict=True):
-        record = log[start:end]
+    for record in records(log):
         level = _RECORD_START.match(record)
         if level is not None and level.group(1) == "DEBUG":
             continue

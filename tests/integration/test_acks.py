@@ -97,6 +97,9 @@ def test_failed_entries_of_a_delete_batch_are_retried_alone(bed: Bed) -> None:
         bed.wait_for_executions(len(tasks), timeout=30)
         wait_until(lambda: not bed.server.pending_faults(), timeout=10)
         wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 10)
+        # The server has answered the retry; the worker logs the recovery once it has read it.
+        recovered = f"Deleting acked messages on queue {bed.queue} works again"
+        wait_until(lambda: recovered in process.log, 5)
         log = process.log
     report(
         "failed entries",
@@ -110,7 +113,7 @@ def test_failed_entries_of_a_delete_batch_are_retried_alone(bed: Bed) -> None:
     assert_queue_empty(bed)
     queue = bed.queue
     assert log.count(f"Deleting acked messages on queue {queue} failed") == 1, log
-    assert f"Deleting acked messages on queue {queue} works again" in log
+    assert recovered in log
     assert "Lost the SQS lease" not in log
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from .harness import Bed, worker
+from .harness import Bed, records, worker
 from .test_receive_faults import assert_queue_empty
 
 LEASE = 3
@@ -39,5 +39,11 @@ def test_a_reconnect_keeps_running_leases_and_releases_the_waiting_messages_once
     # The running messages were received once; the waiting ones were released at the
     # reconnect and received again (at most once more).
     assert sorted(receives.values()) in ([1, 1, 1, 1], [1, 1, 1, 2], [1, 1, 2, 2]), receives
-    assert "Traceback" not in log
+    # Celery 5.5 and 5.6 log the dropped connection's own traceback with their warning.
+    tracebacks = [
+        record
+        for record in records(log)
+        if "Traceback" in record and "Connection to broker lost" not in record
+    ]
+    assert not tracebacks, log
     assert_queue_empty(bed)
