@@ -206,7 +206,7 @@ class Channel(SQSChannel):
         connection.receive_message(
             queue_name,
             queue_url,
-            number_messages=count,
+            number_messages=_receive_size(queue_name, count),
             visibility_timeout=self.visibility_timeout,
             wait_time_seconds=self.wait_time_seconds,
             callback=answered,
@@ -246,6 +246,10 @@ class Channel(SQSChannel):
         queue_name = self.canonical_queue_name(queue)
         if self._receive_backoff.wait(queue_name, self._now()) > 0:
             raise Empty()
+        if "max_number_of_messages" in kwargs:
+            kwargs["max_number_of_messages"] = _receive_size(
+                queue_name, kwargs["max_number_of_messages"]
+            )
         try:
             response = super()._receive_message(queue, *args, **kwargs)
         except Exception as exc:
@@ -626,6 +630,16 @@ def _warn_broadcast_needs_sns() -> None:
         "inspect, celery control) stays off",
         kombu.__version__,
     )
+
+
+def _receive_size(queue_name: str, wanted: int) -> int:
+    """How many messages one ReceiveMessage asks for.
+
+    SQS answers with several messages of one FIFO group at once, and Celery would run them
+    side by side in its pool. One at a time, SQS's group lock keeps the order: the next
+    message of a group comes only after the one before it is deleted or released.
+    """
+    return 1 if queue_name.endswith(".fifo") else wanted
 
 
 def _raise(error: BaseException) -> None:

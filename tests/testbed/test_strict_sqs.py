@@ -448,6 +448,20 @@ def test_fifo_long_poll_does_not_block_the_busy_group(
     assert bodies == ["second"]
 
 
+def test_fifo_group_lapsed_together_comes_back_in_order(sqs: Any) -> None:
+    queue_url = sqs.create_queue(
+        QueueName=f"testbed-{uuid.uuid4().hex[:12]}.fifo",
+        Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
+    )["QueueUrl"]
+    for body in ("A1", "A2", "A3"):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=body, MessageGroupId="A")
+    held = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=3, VisibilityTimeout=1)
+    assert [m["Body"] for m in held["Messages"]] == ["A1", "A2", "A3"]
+    time.sleep(1.5)
+    again = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=1)
+    assert [m["Body"] for m in again["Messages"]] == ["A1"]
+
+
 # -- fault injection ------------------------------------------------------------------
 
 
