@@ -1,0 +1,602 @@
+"""predefined_queues: renewals, deletes and releases go out with each queue's own credentials.
+
+Two setups of kombu's ``predefined_queues``, each run by a real worker on a server that
+enforces IAM:
+
+- per-queue access keys: two queues, each with its own IAM user, and a broker URL whose
+  key has no SQS rights on either queue. A call made with the wrong key is refused.
+- ``sts_role_arn``: the worker's base credentials may only assume a role, and only the
+  role may use the queue. kombu refreshes the role's credentials while a task runs.
+
+Which key signed each call is read from moto's request recorder (``/moto-api/recorder``,
+every request with its headers, refused ones included), started on this module's own
+server. moto does not expire assumed-role credentials, so a call signed with credentials
+AWS would reject as expired would pass here: the STS test checks from the recording that
+no role key was used after kombu itself took it for expired.
+"""
+
+from __future__ import annotations
+
+import base64
+import calendar
+import collections
+import itertools
+import json
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from kombu.transport import SQS
+
+from celery_sqs_heartbeat.testing import StrictSQSServer
+from celery_sqs_heartbeat.testing.strict_sqs import Event, Refusal
+
+from .harness import Bed, broker_url, report, worker
+
+LEASE = 3
+ACCOUNT_ID = "123456789012"
+REGION = StrictSQSServer.REGION
+NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
+#: How long kombu uses one set of role credentials: AWS's minimum session (botocore
+#: refuses a shorter DurationSeconds before sending) less kombu 5.6+'s early-refresh
+#: buffer. AWS would accept these options as they are.
+STS_TOKEN_TIMEOUT = 900
+TOKEN_LIFETIME = 6
+#: What a worker needs on a predefined queue, and nothing else.
+WORKER_ACTIONS = [
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
+]
+
+Keys = tuple[str, str]
+
+
+def queue_arn(name: str) -> str:
+    return f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{name}"
+
+
+def allow(actions: list[str] | str, resource: str) -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resource}],
+    }
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the server received it, from moto's recorder."""
+
+    service: str
+    action: str
+    access_key_id: str
+    signed_at: float
+    """From ``X-Amz-Date``: whole seconds."""
+    has_session_token: bool
+    queue_url: str | None
+    visibilities: tuple[int, ...]
+    """The VisibilityTimeout of each entry of a ChangeMessageVisibilityBatch."""
+
+
+def _parse_recorded(entry: dict[str, Any]) -> Call:
+    headers = entry["headers"]
+    body = entry.get("body") or ""
+    raw = base64.b64decode(body) if entry.get("body_encoded") else body.encode()
+    authorization = headers.get("Authorization", "")
+    scope = authorization.partition("Credential=")[2].partition(",")[0].split("/")
+    target = headers.get("X-Amz-Target", "")
+    payload: dict[str, Any] = {}
+    if target:
+        action = target.rsplit(".", 1)[-1]
+        payload = json.loads(raw or b"{}")
+    else:
+        form = urllib.parse.parse_qs(raw.decode("utf-8", "replace"))
+        action = form.get("Action", [""])[0]
+    signed = headers.get("X-Amz-Date", "")
+    return Call(
+        service=scope[3] if len(scope) > 3 else "",
+        action=action,
+        access_key_id=scope[0],
+        signed_at=(
+            float(calendar.timegm(time.strptime(signed, "%Y%m%dT%H%M%SZ"))) if signed else 0.0
+        ),
+        has_session_token="X-Amz-Security-Token" in headers,
+        queue_url=payload.get("QueueUrl"),
+        visibilities=tuple(e.get("VisibilityTimeout") for e in payload.get("Entries") or []),
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A server that enforces IAM and records every request, and what was made on it first."""
+
+    server: StrictSQSServer
+    ops: Keys
+    """Stands for the infrastructure code: allowed all of SQS."""
+    broker: Keys
+    """The broker URL's key in the per-queue test: SQS rights, but not on its queues."""
+    queue_keys: dict[str, Keys]
+    """The two per-key queues, each with the key of the only user allowed on it."""
+    sts_base: Keys
+    """May assume the role, and nothing else."""
+    role_queue: str
+    role_arn: str
+    urls: dict[str, str]
+
+    def sqs(self, keys: Keys) -> Any:
+        return boto3.client(
+            "sqs",
+            endpoint_url=self.server.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=keys[0],
+            aws_secret_access_key=keys[1],
+            config=NO_RETRIES,
+        )
+
+    def recorded(self) -> list[Call]:
+        """Every AWS request since recording started, oldest first."""
+        text = _moto_api(self.server, "GET", "download-recording")
+        calls = []
+        for line in text.splitlines():
+            try:
+                calls.append(_parse_recorded(json.loads(line)))
+            except ValueError:
+                continue  # a line two threads interleaved: none seen so far
+        return calls
+
+    def dead_lettered(self, queue: str) -> int:
+        attributes = self.sqs(self.ops).get_queue_attributes(
+            QueueUrl=self.urls[f"{queue}-dlq"], AttributeNames=["ApproximateNumberOfMessages"]
+        )
+        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+    def bed(self, queue: str, tmp_path: Path) -> Bed:
+        return Bed(
+            server=self.server, queue=queue, records=tmp_path / "executions.jsonl", logs=tmp_path
+        )
+
+    def send(self, bed: Bed, task: str, *args: Any) -> str:
+        """Publish as a producer with its own rights does: here, ops."""
+        predefined = {"predefined_queues": {bed.queue: {"url": self.urls[bed.queue]}}}
+        return bed.send(task, *args, credentials=self.ops, transport_options=predefined)
+
+
+def _moto_api(server: StrictSQSServer, method: str, route: str) -> str:
+    request = urllib.request.Request(
+        f"{server.endpoint_url}/moto-api/recorder/{route}", method=method
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _make_user(iam: Any, name: str, policy: dict[str, Any]) -> Keys:
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def _create_queue_with_dlq(sqs: Any, name: str, max_receive_count: int) -> dict[str, str]:
+    dead = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
+    redrive = {
+        "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
+        "maxReceiveCount": str(max_receive_count),
+    }
+    url = sqs.create_queue(
+        QueueName=name,
+        Attributes={"VisibilityTimeout": "30", "RedrivePolicy": json.dumps(redrive)},
+    )["QueueUrl"]
+    return {name: url, f"{name}-dlq": dead}
+
+
+@pytest.fixture(scope="module")
+def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    """Its own server: enforcement cannot be turned off, and would fail the other tests."""
+    recording = tmp_path_factory.mktemp("moto-recording") / "requests.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        # The recorder's file, read by the server process at start; by default it would
+        # be written to the working directory.
+        patch.setenv("MOTO_RECORDER_FILEPATH", str(recording))
+        patch.delenv("MOTO_ENABLE_RECORDING", raising=False)
+        server = StrictSQSServer().start()
+    try:
+        suffix = uuid.uuid4().hex[:8]
+        first, second, role_queue = (f"pq-{n}-{suffix}" for n in ("first", "second", "role"))
+        admin = boto3.client("sqs", **server.boto3_kwargs)
+        urls: dict[str, str] = {}
+        for name in (first, second, role_queue):
+            # Every failed task is released twice, then dead-lettered by the third receive.
+            urls.update(_create_queue_with_dlq(admin, name, max_receive_count=2))
+        iam = boto3.client("iam", **server.boto3_kwargs)
+        role_name = f"celery-worker-{suffix}"
+        iam.create_role(
+            RoleName=role_name,
+            AssumeRolePolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT_ID}:user/sts-base"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+        )
+        iam.put_role_policy(
+            RoleName=role_name,
+            PolicyName="queue",
+            PolicyDocument=json.dumps(allow(WORKER_ACTIONS, queue_arn(role_queue))),
+        )
+        role_arn = f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name}"
+        result = Setup(
+            server=server,
+            ops=_make_user(iam, "ops", allow("sqs:*", "*")),
+            broker=_make_user(iam, "broker", allow("sqs:*", queue_arn("elsewhere-*"))),
+            queue_keys={
+                name: _make_user(iam, f"worker-{name}", allow(WORKER_ACTIONS, queue_arn(name)))
+                for name in (first, second)
+            },
+            sts_base=_make_user(iam, "sts-base", allow("sts:AssumeRole", role_arn)),
+            role_queue=role_queue,
+            role_arn=role_arn,
+            urls=urls,
+        )
+        server.enforce_iam()
+        _moto_api(server, "POST", "start-recording")
+        yield result
+    finally:
+        server.stop()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return bool(condition())
+
+
+def refused_since(server: StrictSQSServer, count: int) -> list[Refusal]:
+    return server.refused_calls()[count:]
+
+
+def events_by_message(server: StrictSQSServer, queue: str) -> dict[str, list[Event]]:
+    by_message: dict[str, list[Event]] = collections.defaultdict(list)
+    for event in server.events():
+        if event["queue"] == queue and event["message_id"]:
+            by_message[event["message_id"]].append(event)
+    return by_message
+
+
+def renewed_messages(server: StrictSQSServer, queue: str) -> list[list[Event]]:
+    """The events of each message of ``queue`` whose lease was renewed."""
+    return [
+        events
+        for events in events_by_message(server, queue).values()
+        if any(e["action"] == "change_visibility" and e["visibility"] == LEASE for e in events)
+    ]
+
+
+def renewed_message(server: StrictSQSServer, queue: str) -> list[Event]:
+    """The events of the long task's message: renewed, and never released.
+
+    The failing task's message may be renewed too, when its receive falls just before a
+    renewal of the long task's and joins that batch; but it is released after each run.
+    """
+    renewed = [
+        events
+        for events in renewed_messages(server, queue)
+        if not any(e["action"] == "change_visibility" and e["visibility"] == 0 for e in events)
+    ]
+    assert len(renewed) == 1, renewed
+    return renewed[0]
+
+
+def long_task_deleted(server: StrictSQSServer, queue: str) -> bool:
+    return any(
+        e["action"] == "delete" and e["result"] == "ok"
+        for events in renewed_messages(server, queue)
+        for e in events
+    )
+
+
+def lease_gaps(events: list[Event]) -> list[float]:
+    """Seconds from each successful receive or renewal to the next one, of one message.
+
+    A gap of ``LEASE`` or more means the lease ran out in between.
+    """
+    held = [
+        e["t"]
+        for e in events
+        if e["result"] == "ok"
+        and (e["action"] == "receive" or (e["action"] == "change_visibility" and e["visibility"]))
+    ]
+    return [later - earlier for earlier, later in itertools.pairwise(held)]
+
+
+def releases(server: StrictSQSServer, queue: str) -> list[Event]:
+    return [
+        e
+        for e in server.events()
+        if e["queue"] == queue
+        and e["action"] == "change_visibility"
+        and e["visibility"] == 0
+        and e["result"] == "ok"
+    ]
+
+
+def assert_no_secret_in(log: str, *keys: Keys) -> None:
+    for _, secret in keys:
+        assert secret not in log
+
+
+def test_each_predefined_queue_is_worked_with_its_own_access_key(
+    enforced: Setup, tmp_path: Path
+) -> None:
+    first, second = enforced.queue_keys
+    server = enforced.server
+    # The premise, checked on the server: the broker URL's key may not touch either
+    # queue, and each queue's key only its own.
+    for keys, queue in [
+        (enforced.broker, first),
+        (enforced.broker, second),
+        (enforced.queue_keys[first], second),
+        (enforced.queue_keys[second], first),
+    ]:
+        client = enforced.sqs(keys)
+        renewal = [{"Id": "0", "ReceiptHandle": "never-issued", "VisibilityTimeout": LEASE}]
+        for operation, arguments in [
+            ("receive_message", {}),
+            ("change_message_visibility_batch", {"Entries": renewal}),
+        ]:
+            with pytest.raises(ClientError) as denied:
+                getattr(client, operation)(QueueUrl=enforced.urls[queue], **arguments)
+            assert denied.value.response["Error"]["Code"] == "AccessDenied"
+    refused_before = len(server.refused_calls())
+    recorded_before = len(enforced.recorded())
+
+    beds = {queue: enforced.bed(queue, tmp_path) for queue in (first, second)}
+    long_tasks = {
+        queue: enforced.send(bed, "busy", f"long-{queue}", 3 * LEASE) for queue, bed in beds.items()
+    }
+    failing = {
+        queue: enforced.send(bed, "fails", f"failed-{queue}", "error")
+        for queue, bed in beds.items()
+    }
+    predefined = {
+        queue: {
+            "url": enforced.urls[queue],
+            "access_key_id": keys[0],
+            "secret_access_key": keys[1],
+        }
+        for queue, keys in enforced.queue_keys.items()
+    }
+    started = time.monotonic()
+    with worker(
+        beds[first],
+        "threads",
+        4,
+        "per-queue-keys",
+        options={
+            "visibility_timeout": LEASE,
+            "release_on_failure": True,
+            "predefined_queues": predefined,
+        },
+        IT_ACKS_ON_FAILURE="0",
+        CELERY_WORKER_QUEUES=f"{first},{second}",
+        IT_BROKER_URL=broker_url(server, *enforced.broker),
+        AWS_ACCESS_KEY_ID=enforced.broker[0],
+        AWS_SECRET_ACCESS_KEY=enforced.broker[1],
+    ) as process:
+        # Each failed task runs twice: released after each run, dead-lettered at the third receive.
+        beds[first].wait_for_executions(6, timeout=40)
+        settled = wait_for(
+            lambda: (
+                all(enforced.dead_lettered(queue) == 1 for queue in beds)
+                and all(long_task_deleted(server, q) for q in beds)
+            ),
+            timeout=10,
+        )
+        log = process.log
+    elapsed = time.monotonic() - started
+
+    # The worker's calls: the producer here is ops, and its sends are not the subject.
+    calls = [c for c in enforced.recorded()[recorded_before:] if c.access_key_id != enforced.ops[0]]
+    refused = refused_since(server, refused_before)
+    on_queue = {queue: [c for c in calls if c.queue_url == enforced.urls[queue]] for queue in beds}
+    keys_used = {
+        queue: collections.Counter((c.action, c.access_key_id) for c in queue_calls)
+        for queue, queue_calls in on_queue.items()
+    }
+    broker_calls = collections.Counter(
+        c.action for c in calls if c.access_key_id == enforced.broker[0]
+    )
+    renewal_events = {
+        queue: sum(
+            1
+            for events in renewed_messages(server, queue)
+            for e in events
+            if e["action"] == "change_visibility" and e["visibility"] == LEASE
+        )
+        for queue in beds
+    }
+    report(
+        "per-queue keys",
+        runs=beds[first].runs_per_task(),
+        renewals=renewal_events,
+        releases={queue: len(releases(server, queue)) for queue in beds},
+        calls_by_action_and_key={q: dict(c) for q, c in keys_used.items()},
+        broker_key_calls=dict(broker_calls),
+        refused=len(refused),
+        first_refused=refused[:1],
+        seconds=round(elapsed, 1),
+    )
+
+    assert beds[first].runs_per_task() == {
+        long_tasks[first]: 1,
+        long_tasks[second]: 1,
+        failing[first]: 2,
+        failing[second]: 2,
+    }
+    assert refused == []
+    assert settled, "the failed tasks were not dead-lettered, or the long tasks were not deleted"
+    for queue in beds:
+        own_key = enforced.queue_keys[queue][0]
+        # Every call on the queue, receives, renewals, releases and deletes, with its key.
+        assert {key for _, key in keys_used[queue]} == {own_key}, keys_used[queue]
+        actions = {action for action, _ in keys_used[queue]}
+        assert {"ReceiveMessage", "ChangeMessageVisibilityBatch", "DeleteMessageBatch"} <= actions
+        long_task = renewed_message(server, queue)
+        assert renewal_events[queue] >= 3, long_task  # 9 s of work under a 3 s lease
+        assert max(lease_gaps(long_task)) < LEASE, long_task
+        assert len(releases(server, queue)) == 2
+        assert enforced.dead_lettered(queue) == 1
+    assert "AccessDenied" not in log
+    assert_no_secret_in(log, enforced.broker, *enforced.queue_keys.values())
+
+
+@pytest.mark.skipif(
+    not hasattr(SQS.Channel, "generate_sts_session_token_with_buffer"),
+    reason="kombu 5.5 has no sts_token_buffer_time, and AssumeRole's 900 s minimum "
+    "would put the first refresh 15 minutes into the test",
+)
+def test_sts_role_credentials_are_followed_through_refreshes(
+    enforced: Setup, tmp_path: Path
+) -> None:
+    server = enforced.server
+    queue = enforced.role_queue
+    bed = enforced.bed(queue, tmp_path)
+    refused_before = len(server.refused_calls())
+    recorded_before = len(enforced.recorded())
+    long_seconds = 5 * LEASE  # about three role sessions long
+    long_task = enforced.send(bed, "busy", "long", long_seconds)
+    started = time.time()
+    with worker(
+        bed,
+        "threads",
+        2,
+        "sts-role",
+        options={
+            "visibility_timeout": LEASE,
+            "release_on_failure": True,
+            "predefined_queues": {queue: {"url": enforced.urls[queue]}},
+            "sts_role_arn": enforced.role_arn,
+            "sts_token_timeout": STS_TOKEN_TIMEOUT,
+            "sts_token_buffer_time": STS_TOKEN_TIMEOUT - TOKEN_LIFETIME,
+        },
+        IT_ACKS_ON_FAILURE="0",
+        IT_BROKER_URL=broker_url(server, *enforced.sts_base),
+        AWS_ACCESS_KEY_ID=enforced.sts_base[0],
+        AWS_SECRET_ACCESS_KEY=enforced.sts_base[1],
+        # kombu makes its STS client with a plain boto3.client("sts").
+        AWS_ENDPOINT_URL_STS=server.endpoint_url,
+    ) as process:
+
+        def assumed() -> list[Call]:
+            return [
+                c
+                for c in enforced.recorded()[recorded_before:]
+                if c.action == "AssumeRole" and c.access_key_id == enforced.sts_base[0]
+            ]
+
+        # Sent after the first refresh, so that its releases need the new credentials.
+        assert wait_for(lambda: len(assumed()) >= 2, timeout=30), "the role was never re-assumed"
+        failing = enforced.send(bed, "fails", "failed", "error")
+        bed.wait_for_executions(3, timeout=long_seconds + 30)
+        settled = wait_for(
+            lambda: enforced.dead_lettered(queue) == 1 and long_task_deleted(server, queue),
+            timeout=10,
+        )
+        log = process.log
+    elapsed = time.time() - started
+
+    # The worker's calls: the producer here is ops, and its sends are not the subject.
+    calls = [c for c in enforced.recorded()[recorded_before:] if c.access_key_id != enforced.ops[0]]
+    refused = refused_since(server, refused_before)
+    assume_roles = [c for c in calls if c.action == "AssumeRole"]
+    on_queue = [c for c in calls if c.queue_url == enforced.urls[queue]]
+    role_keys = list(dict.fromkeys(c.access_key_id for c in on_queue))  # in order of first use
+    use_spans = {
+        key: max(c.signed_at for c in on_queue if c.access_key_id == key)
+        - min(c.signed_at for c in on_queue if c.access_key_id == key)
+        for key in role_keys
+    }
+    renewals = [
+        c
+        for c in on_queue
+        if c.action == "ChangeMessageVisibilityBatch" and LEASE in c.visibilities
+    ]
+    release_calls = [
+        c for c in on_queue if c.action == "ChangeMessageVisibilityBatch" and 0 in c.visibilities
+    ]
+    deletes = [c for c in on_queue if c.action == "DeleteMessageBatch"]
+    long_events = [e for events in renewed_messages(server, queue) for e in events]
+    refreshed_at = assume_roles[1].signed_at
+    report(
+        "sts role",
+        runs=bed.runs_per_task(),
+        assume_role_calls=len(assume_roles),
+        role_keys=len(role_keys),
+        key_use_spans=sorted(use_spans.values()),
+        renewals_by_key=dict(
+            collections.Counter(role_keys.index(c.access_key_id) for c in renewals)
+        ),
+        releases_by_key=dict(
+            collections.Counter(role_keys.index(c.access_key_id) for c in release_calls)
+        ),
+        deletes_by_key=dict(collections.Counter(role_keys.index(c.access_key_id) for c in deletes)),
+        renewal_events_after_refresh=sum(
+            1
+            for e in long_events
+            if e["action"] == "change_visibility" and e["t"] > refreshed_at + 1
+        ),
+        refused=len(refused),
+        first_refused=refused[:1],
+        seconds=round(elapsed, 1),
+    )
+
+    assert bed.runs_per_task() == {long_task: 1, failing: 2}
+    assert refused == []
+    assert long_events == renewed_message(server, queue)
+    assert settled, "the failed task was not dead-lettered, or the long task's message not deleted"
+    # kombu re-assumed the role during the long task: 15 s of work, 6 s per session.
+    assert len(assume_roles) >= 3, assume_roles
+    assert {c.access_key_id for c in assume_roles} == {enforced.sts_base[0]}
+    # Every call on the queue with the role's credentials, never the base key ...
+    assert all(c.has_session_token for c in on_queue)
+    assert enforced.sts_base[0] not in role_keys
+    # ... and with the current ones: no key signed calls for longer than kombu keeps it.
+    # X-Amz-Date has whole seconds, and a call may take the old client while another thread
+    # is replacing it (kombu's sqs() has no lock), hence 2 s to spare; a client kept over
+    # one refresh would show 12 s. Had the session really ended, AWS would refuse the call.
+    assert max(use_spans.values()) <= TOKEN_LIFETIME + 2, use_spans
+    # Renewals went on with refreshed credentials, and the lease never lapsed.
+    assert len({c.access_key_id for c in renewals}) >= 2, renewals
+    assert max(lease_gaps(long_events)) < LEASE, long_events
+    assert any(
+        e["action"] == "change_visibility" and e["result"] == "ok" and e["t"] > refreshed_at + 1
+        for e in long_events
+    ), long_events
+    # The releases and the delete were signed with a role key newer than the first.
+    assert len(release_calls) == 2 and len(releases(server, queue)) == 2
+    assert all(c.access_key_id != role_keys[0] for c in release_calls + deletes)
+    assert deletes, on_queue
+    assert enforced.dead_lettered(queue) == 1
+    assert "AccessDenied" not in log
+    assert "ExpiredToken" not in log
+    assert_no_secret_in(log, enforced.sts_base)
