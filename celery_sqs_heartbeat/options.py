@@ -132,7 +132,7 @@ class HeartbeatOptions:
                 f"most visibility_extension_threshold ({threshold})"
             )
         maximum = None
-        if options.get("visibility_extension_max") is not None:
+        if _given(options, "visibility_extension_max", None) is not None:
             maximum = _seconds(
                 options,
                 "visibility_extension_max",
@@ -174,7 +174,7 @@ def _warn_about_near_misses(options: Mapping[str, Any]) -> None:
 
 
 def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
+    value = _given(options, name, default)
     if not isinstance(value, bool):
         raise InvalidTransportOption(f"{name}={value!r}: must be True or False")
     return value
@@ -198,7 +198,7 @@ def _numeric(value: Any) -> Any:
 
 
 def _given(options: Mapping[str, Any], name: str, default: Any) -> Any:
-    # An empty string means "not set", as kombu reads it.
+    # None or an empty string means "not set", as kombu reads its own options.
     value = options.get(name, default)
     return default if value is None or (isinstance(value, str) and not value.strip()) else value
 
@@ -240,7 +240,7 @@ def _metrics_port(options: Mapping[str, Any]) -> int | None:
 
 
 def _metrics_address(options: Mapping[str, Any]) -> str:
-    value = options.get("metrics_address", DEFAULT_METRICS_ADDRESS)
+    value = _given(options, "metrics_address", DEFAULT_METRICS_ADDRESS)
     if not isinstance(value, str) or not value.strip():
         raise InvalidTransportOption(
             f"metrics_address={value!r}: must be the address to listen on, such as "
@@ -268,7 +268,7 @@ def _ack_batch_interval(
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:
-    value = options.get("release_delay", 0)
+    value = _given(options, "release_delay", 0)
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if not value:
             raise InvalidTransportOption(
