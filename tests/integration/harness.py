@@ -13,11 +13,11 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from celery import Celery
@@ -127,6 +127,92 @@ class Bed:
                 return done
             time.sleep(0.2)
         return self.executions()
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A published task, as the strict server's event log knows it."""
+
+    task_id: str
+    message_id: str
+    #: The SendMessage parameters as sent: QueueUrl, MessageBody, MessageGroupId, ...
+    params: dict[str, Any] = field(compare=False)
+
+
+def send_recorded(
+    bed: Bed,
+    task: str,
+    *args: Any,
+    edit_params: Callable[[dict[str, Any]], None] | None = None,
+    **options: Any,
+) -> Sent:
+    """Like ``bed.send``, and also the SQS message id, to find the task in the event log.
+
+    ``edit_params`` may change the SendMessage parameters before they are sent; options
+    that ``send_task`` does not know become message properties, which kombu reads
+    (``MessageGroupId``, ``MessageDeduplicationId``).
+    """
+    sent: list[dict[str, Any]] = []
+    message_ids: list[str] = []
+
+    def keep(params: dict[str, Any], **_: Any) -> None:
+        if edit_params is not None:
+            edit_params(params)
+        sent.append(dict(params))
+
+    def note_message_id(parsed: dict[str, Any], **_: Any) -> None:
+        message_ids.append(parsed["MessageId"])
+
+    hooks: dict[str, Callable[..., None]] = {
+        "provide-client-params.sqs.SendMessage": keep,
+        "after-call.sqs.SendMessage": note_message_id,
+    }
+    with Celery("producer", set_as_current=False) as app:
+        app.conf.update(
+            broker_url=bed.server.broker_url,
+            broker_transport="celery_sqs_heartbeat:Transport",
+            broker_transport_options={"region": "us-east-1", "is_secure": False},
+        )
+        with app.producer_or_acquire() as producer:
+            # kombu may hand a later producer the same client: the hooks must not stay.
+            events = producer.channel.sqs().meta.events
+            for event, hook in hooks.items():
+                events.register(event, hook)
+            try:
+                result = app.send_task(
+                    f"tests.integration.app.{task}",
+                    args=args,
+                    queue=bed.queue,
+                    producer=producer,
+                    **options,
+                )
+            finally:
+                for event, hook in hooks.items():
+                    events.unregister(event, hook)
+    assert len(message_ids) == len(sent) == 1, (message_ids, sent)
+    return Sent(str(result.id), message_ids[0], sent[0])
+
+
+def wait_for(find: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll ``find`` until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while not (found := find()):
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)
+    return found
+
+
+def settle(done: Callable[[], bool], timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``done``; whether it came, to assert after the report."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def broker_url(server: StrictSQSServer, access_key_id: str, secret_access_key: str) -> str:

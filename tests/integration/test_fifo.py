@@ -18,15 +18,21 @@ import itertools
 import json
 import signal
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
-from celery import Celery
-
-from .harness import Bed, Worker, overlapping, report, tally, worker
-
-T = TypeVar("T")
+from .harness import (
+    Bed,
+    Sent,
+    Worker,
+    overlapping,
+    report,
+    send_recorded,
+    settle,
+    tally,
+    wait_for,
+    worker,
+)
 
 #: The lease of the renewal scenarios; their tasks run longer than it.
 LEASE = 3
@@ -35,13 +41,6 @@ LONG_LEASE = 10
 #: How soon a released message must be received again: a poll turn on a loaded machine.
 HANDOVER_SECONDS = 5.0
 BUSY = "tests.integration.app.busy"
-
-
-class Sent(NamedTuple):
-    task_id: str
-    message_id: str
-    #: The SendMessage parameters as sent: QueueUrl, MessageBody, MessageGroupId, ...
-    params: dict[str, Any]
 
 
 def fifo_queue(bed: Bed, visibility_timeout: int, **attributes: str) -> str:
@@ -67,63 +66,13 @@ def send(
     SendMessage, as a producer that leaves deduplication to the queue's content would
     send it; kombu itself always sends one.
     """
-    sent: list[dict[str, Any]] = []
-    message_ids: list[str] = []
 
-    def keep(params: dict[str, Any], **_: Any) -> None:
-        if not keep_dedup_id and "MessageDeduplicationId" not in options:
-            params.pop("MessageDeduplicationId", None)
-        sent.append(dict(params))
+    def drop_dedup_id(params: dict[str, Any]) -> None:
+        params.pop("MessageDeduplicationId", None)
 
-    with Celery("producer", set_as_current=False) as app:
-        app.conf.update(
-            broker_url=bed.server.broker_url,
-            broker_transport="celery_sqs_heartbeat:Transport",
-            broker_transport_options={"region": "us-east-1", "is_secure": False},
-        )
-        with app.producer_or_acquire() as producer:
-            # kombu may hand a later producer the same client: the hooks must not stay.
-            hooks: dict[str, Callable[..., None]] = {
-                "provide-client-params.sqs.SendMessage": keep,
-                "after-call.sqs.SendMessage": lambda parsed, **_: message_ids.append(
-                    parsed.get("MessageId")
-                ),
-            }
-            events = producer.channel.sqs().meta.events
-            for event, hook in hooks.items():
-                events.register(event, hook)
-            try:
-                result = app.send_task(
-                    f"tests.integration.app.{task}",
-                    args=args,
-                    queue=bed.queue,
-                    producer=producer,
-                    MessageGroupId=group,
-                    **options,
-                )
-            finally:
-                for event, hook in hooks.items():
-                    events.unregister(event, hook)
-    assert len(message_ids) == len(sent) == 1, (message_ids, sent)
-    return Sent(str(result.id), message_ids[0], sent[0])
-
-
-def wait_for(find: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while not (found := find()):
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-    return found
-
-
-def settle(done: Callable[[], bool], timeout: float) -> bool:
-    """Wait up to ``timeout`` for ``done``; whether it came (asserted later, after the runs)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    keep = keep_dedup_id or "MessageDeduplicationId" in options
+    edit = None if keep else drop_dedup_id
+    return send_recorded(bed, task, *args, edit_params=edit, MessageGroupId=group, **options)
 
 
 def events_of(bed: Bed, task: Sent, action: str | None = None) -> list[dict[str, Any]]:
@@ -472,6 +421,23 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_group_over_in_ord
 # ---------------------------------------------------------------------------------------
 
 
+def run_until_deleted(
+    bed: Bed, delivered: list[Sent]
+) -> tuple[list[dict[str, Any]], bool, dict[str, str], str]:
+    """Run the queue on three prefork processes until ``delivered`` are deleted.
+
+    Returns the runs (waiting a little past them for one too many), whether every one was
+    deleted, the queue's counts right then (nothing may wait behind them: no copy, no
+    repeat) and the worker's log.
+    """
+    with worker(bed, "prefork", 3, options={"visibility_timeout": LEASE}) as process:
+        bed.wait_for_executions(len(delivered), timeout=60)
+        all_deleted = settle(lambda: deleted(bed, *delivered), 10)
+        left = queue_counts(bed)
+        runs = bed.wait_for_executions(len(delivered) + 1, timeout=LEASE + 2)
+        return runs, all_deleted, left, process.log
+
+
 def test_content_based_deduplication_runs_a_body_sent_twice_once(bed: Bed) -> None:
     """The same SendMessage twice, without a deduplication id, on a content-deduplicating queue.
 
@@ -491,13 +457,7 @@ def test_content_based_deduplication_runs_a_body_sent_twice_once(bed: Bed) -> No
     bed.sqs().send_message(**same.params)
     other = send(bed, "busy", "B-other", 2 * LEASE, group="B", keep_dedup_id=False)
     delivered = [same, other]
-    with worker(bed, "prefork", 3, options={"visibility_timeout": LEASE}) as process:
-        bed.wait_for_executions(len(delivered), timeout=60)
-        all_deleted = settle(lambda: deleted(bed, *delivered), 10)
-        # Nothing is left behind them: no second copy waits in group A.
-        left = queue_counts(bed)
-        runs = bed.wait_for_executions(len(delivered) + 1, timeout=LEASE + 2)
-        log = process.log
+    runs, all_deleted, left, log = run_until_deleted(bed, delivered)
     report(
         "fifo content-based dedup",
         **tally(bed, [task.task_id for task in delivered]),
@@ -527,13 +487,7 @@ def test_explicit_deduplication_ids_from_the_producer_drop_the_repeat(bed: Bed) 
     assert first.params["MessageDeduplicationId"] == repeat.params["MessageDeduplicationId"]
     assert first.params["MessageGroupId"] == "A"
     delivered = [first, distinct]
-    with worker(bed, "prefork", 3, options={"visibility_timeout": LEASE}) as process:
-        bed.wait_for_executions(len(delivered), timeout=60)
-        all_deleted = settle(lambda: deleted(bed, *delivered), 10)
-        # Nothing is left behind them: no repeat waits in group A.
-        left = queue_counts(bed)
-        runs = bed.wait_for_executions(len(delivered) + 1, timeout=LEASE + 2)
-        log = process.log
+    runs, all_deleted, left, log = run_until_deleted(bed, delivered)
     report(
         "fifo explicit dedup",
         **tally(bed, [task.task_id for task in delivered]),

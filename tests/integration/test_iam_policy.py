@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from botocore.exceptions import ClientError
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from celery_sqs_heartbeat.testing.strict_sqs import Refusal
 
-from .harness import REPO, Bed, Worker, broker_url
+from .harness import REPO, Bed, Worker, broker_url, settle
 
 LEASE = 3
 ACCOUNT_ID = "123456789012"
@@ -179,15 +178,6 @@ def workers(*specs: tuple[Bed, str, int, str, dict[str, str]]) -> Iterator[list[
         yield started
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return bool(condition())
-
-
 def assert_no_secret_in(logs: list[str], enforced: Enforced) -> None:
     """The harness checks its own secret key; these workers ran with IAM users' keys."""
     for keys in (
@@ -235,7 +225,7 @@ def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
         ),
     ) as started:
         releasing.wait_for_executions(2, timeout=30)
-        assert wait_for(
+        assert settle(
             lambda: (
                 enforced.dead_lettered(releasing) == 1 and enforced.dead_lettered(rejecting) == 1
             ),

@@ -26,7 +26,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from kombu.transport import SQS
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from celery_sqs_heartbeat.testing.strict_sqs import Event, Refusal
 
-from .harness import Bed, broker_url, report, worker
+from .harness import Bed, broker_url, report, settle, worker
 
 LEASE = 3
 ACCOUNT_ID = "123456789012"
@@ -262,15 +262,6 @@ def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         server.stop()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return bool(condition())
-
-
 def refused_since(server: StrictSQSServer, count: int) -> list[Refusal]:
     return server.refused_calls()[count:]
 
@@ -405,7 +396,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
     ) as process:
         # Each failed task runs twice: released after each run, dead-lettered at the third receive.
         beds[first].wait_for_executions(6, timeout=40)
-        settled = wait_for(
+        settled = settle(
             lambda: (
                 all(enforced.dead_lettered(queue) == 1 for queue in beds)
                 and all(long_task_deleted(server, q) for q in beds)
@@ -515,10 +506,10 @@ def test_sts_role_credentials_are_followed_through_refreshes(
             ]
 
         # Sent after the first refresh, so that its releases need the new credentials.
-        assert wait_for(lambda: len(assumed()) >= 2, timeout=30), "the role was never re-assumed"
+        assert settle(lambda: len(assumed()) >= 2, timeout=30), "the role was never re-assumed"
         failing = enforced.send(bed, "fails", "failed", "error")
         bed.wait_for_executions(3, timeout=long_seconds + 30)
-        settled = wait_for(
+        settled = settle(
             lambda: enforced.dead_lettered(queue) == 1 and long_task_deleted(server, queue),
             timeout=10,
         )

@@ -15,19 +15,16 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import pytest
-from celery import Celery
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-from .harness import Bed, Worker, new_bed, process_gone, report
-
-T = TypeVar("T")
+from .harness import Bed, Sent, Worker, new_bed, process_gone, report, send_recorded, wait_for
 
 BUSY = "tests.integration.app.busy"
 
@@ -59,36 +56,6 @@ if LEASE_SIGNAL_FILE:  # imported by a worker, see the module docstring
     lease_signals.lease_released.connect(_write_lease_signal, weak=False)
 
 
-class Sent(NamedTuple):
-    task_id: str
-    message_id: str
-
-
-def send(bed: Bed, task: str, *args: Any, **options: Any) -> Sent:
-    """Like ``bed.send``, and also the SQS message id, to find the task in the event log."""
-    message_ids: list[str] = []
-    with Celery("producer", set_as_current=False) as app:
-        app.conf.update(
-            broker_url=bed.server.broker_url,
-            broker_transport="celery_sqs_heartbeat:Transport",
-            broker_transport_options={"region": "us-east-1", "is_secure": False},
-        )
-        with app.producer_or_acquire() as producer:
-            producer.channel.sqs().meta.events.register(
-                "after-call.sqs.SendMessage",
-                lambda parsed, **_: message_ids.append(parsed["MessageId"]),
-            )
-            result = app.send_task(
-                f"tests.integration.app.{task}",
-                args=args,
-                queue=bed.queue,
-                producer=producer,
-                **options,
-            )
-    assert len(message_ids) == 1, message_ids
-    return Sent(str(result.id), message_ids[0])
-
-
 def start(stack: ExitStack, bed: Bed, pool: str, concurrency: int, name: str, **env: Any) -> Worker:
     """A worker that is stopped (or, past 30 s, killed) when ``stack`` closes."""
     process = Worker(bed, pool, concurrency, name, bed.env(**env))
@@ -108,15 +75,6 @@ def lease_signals_of(bed: Bed, name: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-def wait_for(find: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``find`` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while not (found := find()):
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-    return found
 
 
 def received(process: Worker, task: Sent) -> bool:
@@ -184,7 +142,7 @@ def test_sigkill_mid_task_hands_the_message_to_another_worker_within_one_lease(
         workers = {name: start(stack, bed, pool, 1, name, options=options) for name in "ab"}
         for process in workers.values():
             process.wait_ready()
-        task = send(bed, "busy", "killed", 4 * LEASE)
+        task = send_recorded(bed, "busy", "killed", 4 * LEASE)
         victim_name = wait_for(
             lambda: next((n for n, w in workers.items() if received(w, task)), None),
             30,
@@ -286,11 +244,11 @@ def hold_a_running_task_and_prefetched_ones(
         **env,
     )
     first.wait_ready()
-    running = send(bed, "busy", "running", RUNNING_SECONDS)
+    running = send_recorded(bed, "busy", "running", RUNNING_SECONDS)
     wait_for(lambda: received(first, running), 30, "the running task")
-    unstarted = [send(bed, "busy", f"waiting-{n}", 0.1) for n in range(3)]
+    unstarted = [send_recorded(bed, "busy", f"waiting-{n}", 0.1) for n in range(3)]
     countdown_due = time.time() + COUNTDOWN_SECONDS
-    unstarted.append(send(bed, "busy", "countdown", 0.1, countdown=COUNTDOWN_SECONDS))
+    unstarted.append(send_recorded(bed, "busy", "countdown", 0.1, countdown=COUNTDOWN_SECONDS))
     wait_for(lambda: all(received(first, task) for task in unstarted), 30, "the prefetch")
     pool_pids = first.pool_pids()
     assert len(pool_pids) == 1, pool_pids
@@ -478,9 +436,9 @@ def run_past_the_hold_limit(bed: Bed, options: dict[str, Any]) -> tuple[Sent, st
             **lease_signal_env(bed, "w1"),
         )
         process.wait_ready()
-        task = send(bed, "busy", "held", SHORT_HOLD + LEASE)
+        task = send_recorded(bed, "busy", "held", SHORT_HOLD + LEASE)
         bed.wait_for_executions(1, timeout=SHORT_HOLD + LEASE + 30)
-        after = send(bed, "busy", "after", 0.1)
+        after = send_recorded(bed, "busy", "after", 0.1)
         bed.wait_for_executions(2, timeout=30)
         wait_for(lambda: deleted(bed, task, after), 10, "the deletes")
         alive = process.process.poll() is None
