@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import collections
 
+import celery
+import pytest
+
 from .harness import Bed, records, worker
 from .test_receive_faults import assert_queue_empty
 
 LEASE = 3
 
 
+@pytest.mark.xfail(
+    celery.VERSION < (5, 6),
+    reason="Celery 5.5 never acks the tasks that were running at a reconnect (seen: their "
+    "Request.acknowledge is never called), so their messages stay held until the worker "
+    "stops, then run again; Celery 5.6 acks them",
+    strict=True,
+)
 def test_a_reconnect_keeps_running_leases_and_releases_the_waiting_messages_once(
     bed: Bed,
 ) -> None:
