@@ -10,11 +10,12 @@ and the caller (``manager``) holds a lock around every call: nothing here is thr
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from itertools import islice
 
 __all__ = [
     "SQS_MAX_HOLD_SECONDS",
@@ -129,23 +130,58 @@ class Settlement:
     releases: list[Release] = field(default_factory=list)
 
 
-class LeaseBook:
-    """The leases a process is renewing, grouped by queue."""
+class _QueueLeases:
+    """One queue's leases, and a heap of them by when they come due."""
+
+    __slots__ = ("due", "heap", "leases", "stale")
 
     def __init__(self) -> None:
-        self._by_queue: dict[Hashable, dict[int, Lease]] = {}
+        self.leases: dict[int, Lease] = {}
+        #: ``(due_at, sequence, lease)``; a lease has one entry while it waits for its
+        #: next renewal, none while one is on the wire. Entries of ended leases stay
+        #: until they surface or the heap is rebuilt: ``stale`` counts them.
+        self.heap: list[tuple[float, int, Lease]] = []
+        self.stale = 0
+        #: Popped by :meth:`LeaseBook.take_exhausted`, due and renewable, for
+        #: :meth:`LeaseBook.due_batches` to send: closest to due first.
+        self.due: list[Lease] = []
+
+
+class LeaseBook:
+    """The leases a process is renewing, per queue, in the order they come due.
+
+    A worker may hold SQS's in-flight limit, 120,000 messages a queue, and every ack and
+    receive waits for the lock this book is used under. So nothing here looks at every
+    lease: each queue keeps a binary heap keyed by ``due_at``. A check with nothing due
+    reads the top of each queue's heap, O(queues); one that renews k leases pops k, and
+    at most nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap
+    entry to be skipped when it surfaces. The heap is rebuilt when stale entries
+    outnumber live ones, so memory follows the leases held.
+
+    A timing wheel would make adding O(1) too, but a renewal call must be filled with the
+    leases *closest* to due, which a wheel knows only to the width of a slot; and a heap
+    needs no slot width chosen for thresholds that vary from 0.1 s to hours.
+    """
+
+    def __init__(self) -> None:
+        self._by_queue: dict[Hashable, _QueueLeases] = {}
         self._releases_waiting: set[Lease] = set()
+        self._sequence = itertools.count()
 
     def __len__(self) -> int:
-        return sum(len(leases) for leases in self._by_queue.values())
+        return sum(len(queue.leases) for queue in self._by_queue.values())
 
     def __iter__(self) -> Iterator[Lease]:
         """Every lease being renewed, queue by queue (for inspection, under the lock)."""
-        for leases in self._by_queue.values():
-            yield from leases.values()
+        for queue in self._by_queue.values():
+            yield from queue.leases.values()
 
     def add(self, lease: Lease) -> None:
-        self._by_queue.setdefault(lease.queue, {})[id(lease)] = lease
+        queue = self._by_queue.get(lease.queue)
+        if queue is None:
+            queue = self._by_queue[lease.queue] = _QueueLeases()
+        queue.leases[id(lease)] = lease
+        self._schedule(queue, lease)
 
     def end(
         self, lease: Lease, release_delay: int | None = None, reason: str = ""
@@ -179,12 +215,16 @@ class LeaseBook:
         Renewing with a visibility of 0 would hand a running task to another worker, so
         these are simply no longer renewed: SQS makes them visible when the lease ends.
         """
-        exhausted = [
-            lease
-            for leases in self._by_queue.values()
-            for lease in leases.values()
-            if not lease.renewing and lease.due_at <= now and self._renewal_length(lease, now) < 1
-        ]
+        exhausted = []
+        for queue in list(self._by_queue.values()):
+            self._pop_due(queue, now)
+            renewable = []
+            for lease in queue.due:
+                if self._renewal_length(lease, now) < 1:
+                    exhausted.append(lease)
+                else:
+                    renewable.append(lease)
+            queue.due = renewable
         for lease in exhausted:
             self._discard(lease)
         return exhausted
@@ -198,26 +238,59 @@ class LeaseBook:
         Call :meth:`take_exhausted` first, so no entry asks for a visibility of 0.
         """
         batches = []
-        for queue, leases in self._by_queue.items():
-            idle = sorted(
-                (
-                    lease
-                    for lease in leases.values()
-                    if not lease.renewing and self._renewal_length(lease, now) >= 1
-                ),
-                key=lambda lease: lease.due_at,
-            )
-            due_count = sum(1 for lease in idle if lease.due_at <= now)
-            if not due_count:
+        for name, queue in self._by_queue.items():
+            self._pop_due(queue, now)
+            chosen: list[Lease] = []
+            exhausted: list[Lease] = []
+            for lease in queue.due:
+                (chosen if self._renewal_length(lease, now) >= 1 else exhausted).append(lease)
+            # Exhausted ones stay for take_exhausted: never renewed for 0 seconds.
+            queue.due = exhausted
+            if not chosen:
                 continue
-            calls = math.ceil(due_count / SQS_BATCH_SIZE)
-            chosen = iter(idle[: calls * SQS_BATCH_SIZE])
-            while chunk := list(islice(chosen, SQS_BATCH_SIZE)):
-                entries = tuple((lease, self._renewal_length(lease, now)) for lease in chunk)
+            chosen.extend(self._closest_to_due(queue, now, -len(chosen) % SQS_BATCH_SIZE))
+            for start in range(0, len(chosen), SQS_BATCH_SIZE):
+                entries = tuple(
+                    (lease, self._renewal_length(lease, now))
+                    for lease in chosen[start : start + SQS_BATCH_SIZE]
+                )
                 for lease, _ in entries:
                     lease.renewing = True
-                batches.append(RenewalBatch(queue, entries, now))
+                batches.append(RenewalBatch(name, entries, now))
         return batches
+
+    def _pop_due(self, queue: _QueueLeases, now: float) -> None:
+        """Move the queue's due leases from its heap to ``queue.due``, closest first."""
+        while queue.heap and queue.heap[0][0] <= now:
+            _, _, lease = heapq.heappop(queue.heap)
+            if self._is_live(queue, lease):
+                queue.due.append(lease)
+            else:
+                queue.stale -= 1
+
+    def _closest_to_due(self, queue: _QueueLeases, now: float, count: int) -> list[Lease]:
+        """Up to ``count`` leases not due yet, closest first, that a renewal would extend."""
+        closest: list[Lease] = []
+        unfit: list[tuple[float, int, Lease]] = []
+        while queue.heap and len(closest) < count:
+            entry = heapq.heappop(queue.heap)
+            lease = entry[2]
+            if not self._is_live(queue, lease):
+                queue.stale -= 1
+            elif self._renewal_length(lease, now) >= 1:
+                closest.append(lease)
+            else:
+                unfit.append(entry)
+        for entry in unfit:
+            heapq.heappush(queue.heap, entry)
+        return closest
+
+    @staticmethod
+    def _is_live(queue: _QueueLeases, lease: Lease) -> bool:
+        return id(lease) in queue.leases and not lease.renewing
+
+    def _schedule(self, queue: _QueueLeases, lease: Lease) -> None:
+        heapq.heappush(queue.heap, (lease.due_at, next(self._sequence), lease))
 
     @staticmethod
     def _renewal_length(lease: Lease, now: float) -> int:
@@ -249,18 +322,36 @@ class LeaseBook:
                 if length < lease.policy.visibility_timeout:
                     self._discard(lease)
                     settlement.capped.append(lease)
+                    continue
             elif outcome is EntryResult.LOST:
                 self._discard(lease)
                 settlement.lost.append((lease, reason))
+                continue
             elif now >= lease.expires_at:
                 self._discard(lease)
                 settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
+                continue
+            queue = self._by_queue.get(lease.queue)
+            if queue is not None and id(lease) in queue.leases:
+                self._schedule(queue, lease)
         return settlement
 
     def _discard(self, lease: Lease) -> None:
-        leases = self._by_queue.get(lease.queue)
-        if leases is None:
+        """Forget ``lease``; its heap entry, if it has one, becomes stale."""
+        queue = self._by_queue.get(lease.queue)
+        if queue is None or queue.leases.pop(id(lease), None) is None:
             return
-        leases.pop(id(lease), None)
-        if not leases:
+        if lease in queue.due:
+            queue.due.remove(lease)
+        elif not lease.renewing:
+            queue.stale += 1
+        if not queue.leases:
             del self._by_queue[lease.queue]
+        elif queue.stale > len(queue.leases):
+            self._rebuild(queue)
+
+    def _rebuild(self, queue: _QueueLeases) -> None:
+        """Drop the stale entries: O(n), once per n ends at most, so O(1) per end."""
+        queue.heap = [entry for entry in queue.heap if self._is_live(queue, entry[2])]
+        heapq.heapify(queue.heap)
+        queue.stale = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pytest
 
@@ -367,6 +368,84 @@ def test_take_exhausted_leaves_leases_that_are_not_due_or_being_renewed() -> Non
 
     assert book.take_exhausted(29.6) == []
     assert len(book) == 2
+
+
+# --- the cost of a check -------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class WatchedLease(Lease):
+    """Counts how often a check works out a lease's renewal length: once per lease looked at."""
+
+    looks: int = 0
+
+    @property
+    def hold_deadline(self) -> float:
+        self.looks += 1
+        return super().hold_deadline
+
+
+def watched_leases(count: int, queue: str = "q") -> list[WatchedLease]:
+    """``count`` leases received over 10 seconds: the first comes due at 20."""
+    return [
+        WatchedLease(
+            receipt_handle=f"rh-{n}",
+            queue=queue,
+            policy=POLICY,
+            received_at=10 * n / count,
+            task_id=f"id-{n}",
+        )
+        for n in range(count)
+    ]
+
+
+def looks(leases: Iterable[WatchedLease]) -> int:
+    return sum(lease.looks for lease in leases)
+
+
+def test_a_check_with_nothing_due_looks_at_no_lease() -> None:
+    leases = watched_leases(10_000)
+    book = book_of(*leases)
+
+    assert book.take_exhausted(19.9) == []
+    assert book.due_batches(19.9) == []
+    assert looks(leases) == 0
+
+
+def test_a_check_renewing_a_few_looks_at_those_and_the_ones_filling_the_call() -> None:
+    leases = watched_leases(10_000)
+    book = book_of(*leases)
+
+    exhausted = book.take_exhausted(20.002)  # three are due: 0, 0.001 and 0.002
+    (batch,) = book.due_batches(20.002)
+
+    assert exhausted == []
+    assert leases_of([batch]) == leases[:10]
+    # The ten in the call, each looked at a few times; none of the other 9,990.
+    assert looks(leases[10:]) == 0
+    assert looks(leases) <= 3 * 10
+
+
+def test_ended_leases_do_not_pile_up_behind_the_live_ones() -> None:
+    leases = watched_leases(1_000)
+    book = book_of(*leases)
+    for lease in leases[:990]:
+        book.end(lease)
+
+    assert len(book) == 10
+    assert len(book._by_queue["q"].heap) <= 2 * len(book)
+    (batch,) = book.due_batches(30)
+    assert leases_of([batch]) == leases[990:]
+
+
+def test_a_queue_whose_leases_all_ended_is_forgotten() -> None:
+    leases = watched_leases(30)
+    book = book_of(*leases)
+    for lease in leases:
+        book.end(lease)
+
+    assert book._by_queue == {}
+    assert book.due_batches(1_000) == []
 
 
 # --- ending a lease -----------------------------------------------------------------------
