@@ -1,0 +1,223 @@
+"""What a renewal check costs the lock that acks and receives wait for, by leases held.
+
+Measures ``celery_sqs_heartbeat.leases.LeaseBook`` side by side with the book of an
+earlier commit (``--baseline``, by default the last one that scanned every lease on each
+check), alternating the two in one run:
+
+- *idle check*: ``take_exhausted`` and ``due_batches`` when nothing is due, what the
+  renewal thread does every interval most of the time;
+- *renewal check*: the same with ``due`` leases due, plus settling SQS's answer;
+- *ack*: ``end`` of one lease;
+- *memory*: bytes per lease held, receipt handle (400 characters) included.
+
+Leases are received evenly over one threshold's worth of time, so some are always
+close to due, as in a busy worker. Medians of repeated runs; run it on an idle machine.
+
+    python benchmarks/scheduler_cost.py                 # 1k, 10k and 120k leases
+    python benchmarks/scheduler_cost.py --smoke         # seconds: keeps the script working
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from celery_sqs_heartbeat import leases as current  # noqa: E402
+
+#: The last commit whose LeaseBook scanned and sorted every lease on each check.
+DEFAULT_BASELINE = "c1da785"
+VISIBILITY_TIMEOUT = 30
+THRESHOLD = 10.0
+HANDLE = "A" * 400
+
+
+def load_baseline(revision: str) -> ModuleType:
+    """The ``leases`` module as it was at ``revision`` (it imports only the stdlib)."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:celery_sqs_heartbeat/leases.py"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "baseline_leases.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("baseline_leases", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_leases"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_book(module: ModuleType, count: int) -> tuple[Any, list[Any]]:
+    policy = module.LeasePolicy(visibility_timeout=VISIBILITY_TIMEOUT, threshold=THRESHOLD)
+    book = module.LeaseBook()
+    leases = []
+    for n in range(count):
+        lease = module.Lease(
+            receipt_handle=HANDLE + str(n),
+            queue="jobs",
+            policy=policy,
+            received_at=THRESHOLD * n / count,
+            task_id=f"task-{n}",
+            task_name="tasks.crunch",
+        )
+        book.add(lease)
+        leases.append(lease)
+    return book, leases
+
+
+#: When the first lease of a book comes due.
+FIRST_DUE = VISIBILITY_TIMEOUT - THRESHOLD
+
+
+def idle_check(module: ModuleType, count: int) -> Callable[[], None]:
+    book, _ = make_book(module, count)
+    now = FIRST_DUE - 0.5
+
+    def run() -> None:
+        book.take_exhausted(now)
+        book.due_batches(now)
+
+    return run
+
+
+def renewal_check(module: ModuleType, count: int, due: int) -> Callable[[], float]:
+    """A fresh book each time (a renewal changes it); returns the seconds of the check."""
+
+    def run() -> float:
+        book, _ = make_book(module, count)
+        now = FIRST_DUE + THRESHOLD * (due - 0.5) / count
+        started = time.perf_counter()
+        book.take_exhausted(now)
+        batches = book.due_batches(now)
+        for batch in batches:
+            answer = {lease: (module.EntryResult.OK, "") for lease, _ in batch.entries}
+            book.settle(batch, answer, now)
+        return time.perf_counter() - started
+
+    return run
+
+
+def ack_cost(module: ModuleType, count: int, acks: int = 1000) -> float:
+    book, leases = make_book(module, count)
+    chosen = leases[:: max(1, count // acks)][:acks]
+    started = time.perf_counter()
+    for lease in chosen:
+        book.end(lease)
+    return (time.perf_counter() - started) / len(chosen)
+
+
+def bytes_per_lease(module: ModuleType, count: int) -> float:
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    book, leases = make_book(module, count)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del book, leases
+    return (after - before) / count
+
+
+def median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(modules: dict[str, ModuleType], sizes: list[int], due: list[int], repeats: int):
+    rows = []
+    for count in sizes:
+        idle = {name: idle_check(module, count) for name, module in modules.items()}
+        idle_times: dict[str, list[float]] = {name: [] for name in modules}
+        for _ in range(repeats):  # alternated, so both see the same machine
+            for name, run in idle.items():
+                idle_times[name].append(median_seconds(run, 1))
+        row: dict[str, Any] = {"leases": count}
+        for name in modules:
+            row[f"idle {name}"] = statistics.median(idle_times[name])
+        for k in due:
+            if k > count:
+                continue
+            checks = {name: renewal_check(module, count, k) for name, module in modules.items()}
+            check_times: dict[str, list[float]] = {name: [] for name in modules}
+            for _ in range(max(3, repeats // 3)):
+                for name, run in checks.items():
+                    check_times[name].append(run())
+            for name in modules:
+                row[f"{k} due {name}"] = statistics.median(check_times[name])
+        for name, module in modules.items():
+            row[f"ack {name}"] = ack_cost(module, count)
+            row[f"bytes {name}"] = bytes_per_lease(module, count)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], names: list[str], due: list[int]) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1000:.3f} ms"
+
+    head = ["leases", "what", *names]
+    if len(names) == 2:
+        head.append("speed-up")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        measures = [("idle check", "idle", ms)]
+        measures += [(f"check renewing {k} due", f"{k} due", ms) for k in due]
+        measures += [("one ack (end)", "ack", lambda v: "-" if v is None else f"{v * 1e6:.2f} µs")]
+        measures += [("bytes per lease", "bytes", lambda v: "-" if v is None else f"{v:.0f}")]
+        for label, key, fmt in measures:
+            values = [row.get(f"{key} {name}") for name in names]
+            if all(v is None for v in values):
+                continue
+            cells = [f"{row['leases']:,}", label, *(fmt(v) for v in values)]
+            if len(names) == 2:
+                base, new = values
+                cells.append(_ratio(base / new) if base and new and key != "bytes" else "")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(value: float) -> str:
+    return f"{value:,.0f}x" if value >= 10 else f"{value:.2g}x"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision, or 'none'")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds")
+    args = parser.parse_args(argv)
+    sizes, due, repeats = ([1_000, 2_000], [10], 3) if args.smoke else (
+        [1_000, 10_000, 120_000],
+        [10, 1_000],
+        15,
+    )
+    modules = {}
+    if args.baseline != "none":
+        modules[f"before ({args.baseline})"] = load_baseline(args.baseline)
+    modules["heap (this tree)"] = current
+    rows = measure(modules, sizes, due, repeats)
+    print(markdown(rows, list(modules), due))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
