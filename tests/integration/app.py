@@ -14,11 +14,21 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Reject
 
+
+def _transport_options() -> dict[str, Any]:
+    """The options as JSON; a backoff_policy's receive counts back to the ints kombu reads."""
+    options: dict[str, Any] = json.loads(os.environ.get("IT_TRANSPORT_OPTIONS", "{}"))
+    for queue in (options.get("predefined_queues") or {}).values():
+        if "backoff_policy" in queue:
+            queue["backoff_policy"] = {int(k): v for k, v in queue["backoff_policy"].items()}
+    return options
+
+
 app = Celery("heartbeat_it")
 app.conf.update(
     broker_url=os.environ["IT_BROKER_URL"],
     broker_transport=os.environ.get("IT_TRANSPORT", "celery_sqs_heartbeat:Transport"),
-    broker_transport_options=json.loads(os.environ.get("IT_TRANSPORT_OPTIONS", "{}")),
+    broker_transport_options=_transport_options(),
     broker_connection_retry_on_startup=False,
     task_default_queue=os.environ.get("IT_QUEUE", "it-default"),
     task_acks_late=os.environ.get("IT_ACKS_LATE", "1") == "1",

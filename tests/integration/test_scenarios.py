@@ -82,6 +82,39 @@ def test_failed_task_is_released_at_once_and_dead_lettered_after_max_receives(be
     assert len(moved) == 1
 
 
+def test_a_task_under_kombus_backoff_policy_is_left_to_that_policy_not_released(
+    bed: Bed,
+) -> None:
+    """A predefined queue's ``backoff_tasks`` are kombu's to space out, on every kombu.
+
+    kombu hides the rejected message for ``backoff_policy[receive count]`` seconds. If the
+    transport released it as well (``release_on_failure``), it would be back at once.
+    """
+    url = bed.create_queue(visibility_timeout=30)
+    task_id = bed.send("fails", "backed-off", "error")
+    predefined = {
+        bed.queue: {
+            "url": url,
+            "backoff_policy": {1: 6, 2: 6},
+            "backoff_tasks": ["tests.integration.app.fails"],
+        }
+    }
+    options = {"visibility_timeout": 30, "release_on_failure": True}
+    options["predefined_queues"] = predefined
+    with worker(bed, "threads", 1, options=options, IT_ACKS_ON_FAILURE="0"):
+        runs = bed.wait_for_executions(2, timeout=30)
+    assert [r["task_id"] for r in runs] == [task_id] * 2
+    gap = runs[1]["start"] - runs[0]["end"]
+    assert 4 <= gap < 15, gap
+    changes = [
+        e["visibility"]
+        for e in bed.server.events()
+        if e["queue"].endswith(bed.queue) and e["action"] == "change_visibility"
+    ]
+    assert 6 in changes, changes
+    assert 0 not in changes, changes
+
+
 def test_release_delay_schedule_spaces_the_retries(bed: Bed) -> None:
     bed.create_queue(visibility_timeout=30)
     bed.send("fails", "retried", "reject")
