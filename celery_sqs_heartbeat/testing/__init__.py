@@ -9,9 +9,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .strict_sqs import DEFAULT_MAX_HOLD_SECONDS, FAULT_KINDS, Event, FaultKind, StrictSQSServer
+    from .strict_sqs import (
+        DEFAULT_MAX_HOLD_SECONDS,
+        FAULT_KINDS,
+        Call,
+        Event,
+        FaultKind,
+        StrictSQSServer,
+    )
 
-__all__ = ["DEFAULT_MAX_HOLD_SECONDS", "FAULT_KINDS", "Event", "FaultKind", "StrictSQSServer"]
+__all__ = [
+    "DEFAULT_MAX_HOLD_SECONDS",
+    "FAULT_KINDS",
+    "Call",
+    "Event",
+    "FaultKind",
+    "StrictSQSServer",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1069,3 +1069,22 @@ def test_stop_terminates_the_server() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(RuntimeError):
         server.endpoint_url  # noqa: B018
+
+
+def test_the_call_log_has_each_calls_span_and_what_a_receive_asked_and_got(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    for n in range(3):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=f"m{n}")
+    sqs_server.reset_calls()
+    sqs_server.add_latency(0.2, actions=["ReceiveMessage"])
+    sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=5)
+    sqs.delete_message_batch(
+        QueueUrl=queue_url, Entries=[{"Id": "0", "ReceiptHandle": "not-a-handle"}]
+    )
+    receive, delete = sqs_server.call_log()
+    assert (receive["action"], receive["asked"], receive["returned"]) == ("ReceiveMessage", 5, 3)
+    assert receive["answered"] - receive["arrived"] >= 0.2
+    assert (delete["action"], delete["entries"], delete["asked"]) == ("DeleteMessageBatch", 1, None)
+    sqs_server.reset_calls()
+    assert sqs_server.call_log() == []
