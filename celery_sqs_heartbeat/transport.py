@@ -43,6 +43,7 @@ from .compat import KOMBU_BROADCASTS_THROUGH_SNS, SQSChannel, is_backoff_task
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
+from .prefetch import PrefetchRoom, full_call_room
 from .prometheus import start_exporter
 from .receiving import NO_ANSWER, ReceiveBackoff, ReceiveFailure, classify_receive_error
 from .sqs import SQSQueue
@@ -57,6 +58,9 @@ _PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 #: How long closing a channel waits for pending deletes and releases to be confirmed.
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
+#: The longest the blocking receive loop waits in one call for the window to free up.
+FULL_WINDOW_WAIT = 0.1
+
 
 class QoS(SQS.QoS):
     """kombu's SQS QoS, with a lease for every message it holds unacked."""
@@ -66,6 +70,14 @@ class QoS(SQS.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         super().append(message, delivery_tag)
         self.channel.claim_lease(message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        super().ack(delivery_tag)
+        self.channel.prefetch_room_freed()
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        super().reject(delivery_tag, requeue)
+        self.channel.prefetch_room_freed()
 
     def restore_unacked(self) -> list[Any]:
         """At channel close: release what never started instead of restoring copies.
@@ -109,6 +121,11 @@ class Channel(SQSChannel):
         self._receive_backoff = ReceiveBackoff()
         #: When each queue's pending long poll was sent, by queue URL.
         self._polls_pending: dict[str, float] = {}
+        self._prefetch_room = PrefetchRoom(
+            lambda: self.qos.can_consume_max_estimate(),
+            self._room_worth_a_receive,
+            lambda: self._patience,
+        )
 
     @cached_property
     def visibility_timeout(self) -> int:
@@ -181,12 +198,62 @@ class Channel(SQSChannel):
             if wait > 0:
                 self._event_loop.call_later(wait, self._schedule_queue, queue)
                 return
+            parked = self._prefetch_room.park(queue)
+            if parked is not None:
+                # Woken by prefetch_room_freed; kombu's own wait is the longest it waits.
+                self._event_loop.call_later(
+                    self._patience, self._settle_for_any_room, queue, parked
+                )
+                return
         try:
             super()._schedule_queue(queue)
         except Exception as exc:
             # Before anything was sent: the queue's URL or the client could not be had.
             self._receive_failed(self.canonical_queue_name(queue), classify_receive_error(exc))
             self._event_loop.call_soon(self._schedule_queue, queue)
+
+    def _settle_for_any_room(self, queue: str, parked: int) -> None:
+        if self._prefetch_room.settle_for_any_room(queue, parked):
+            self._schedule_queue(queue)
+
+    def prefetch_room_freed(self) -> None:
+        """An ack or reject freed a slot (from the hub, a pool thread or a greenlet)."""
+        for queue in self._prefetch_room.freed():
+            self._event_loop.call_soon(self._schedule_queue, queue)
+
+    def _room_worth_a_receive(self, queue: str | None) -> int:
+        """A full call's room, except on FIFO queues, which receive one at a time."""
+        names = [queue] if queue is not None else list(self._active_queues)
+        full = full_call_room(self.qos.prefetch_count)
+        return min((_receive_size(self.canonical_queue_name(q), full) for q in names), default=full)
+
+    @property
+    def _patience(self) -> float:
+        """kombu's wait when the window is full: ``polling_interval``."""
+        return float(self.connection.polling_interval or 0)
+
+    def drain_events(
+        self, timeout: float | None = None, callback: Any = None, **kwargs: Any
+    ) -> Any:
+        """The blocking receive loop (gevent, eventlet): wait for room, not a whole second.
+
+        kombu raises Empty when the window is full, and its transport then sleeps
+        ``polling_interval`` whatever the acks do meanwhile. Here the wait ends with the
+        ack that frees the room; but it is short, and ends with ``socket.timeout`` (TimeoutError) so
+        the caller's loop runs again: Celery before 5.7 performs a green pool's acks in
+        that loop, between two calls of this method.
+        """
+        if self._consumers:
+            wait = 0.0 if timeout is None else min(timeout, FULL_WINDOW_WAIT)
+            if not self._prefetch_room.wait(wait):
+                if timeout is None:
+                    raise Empty()
+                raise TimeoutError()
+        return super().drain_events(timeout=timeout, callback=callback, **kwargs)
+
+    def basic_qos(self, *args: Any, **kwargs: Any) -> None:
+        super().basic_qos(*args, **kwargs)
+        self.prefetch_room_freed()
 
     def _get_from_sqs(
         self,
@@ -580,6 +647,7 @@ class Channel(SQSChannel):
 
     def close(self) -> None:
         """Send pending deletes before the channel goes: the worker may be about to exit."""
+        self._prefetch_room.forget()
         super().close()
         self._flush()
 
