@@ -17,6 +17,12 @@ Scenarios:
   finish). Executions are counted from the file every execution appends to, not from
   logs: with the stock transport SQS hands the message out again while it runs.
 
+* ``receive``: the issue's throughput workload at kombu's defaults (``wait_time_seconds``
+  10, ``polling_interval`` 1, prefetch multiplier 4): a backlog of no-op tasks drained by
+  prefork -c 4, threads -c 8 and gevent -c 8, at 0 and 15 ms per SQS call; tasks/s and
+  SQS requests per task, and the ReceiveMessage calls of the idle worker afterwards (a
+  faster receive loop must not poll an empty queue more often than kombu does).
+
 * ``acks``: what an ack costs. A backlog of no-op tasks (300) drained by one worker, at
   0 and 15 ms of latency added by the server to every SQS call, prefork -c 4 and
   threads -c 8, kombu's defaults otherwise. SQS requests per task by action (the delete
@@ -130,6 +136,13 @@ ACK_SETUPS = ("prefork:4", "threads:8")
 ACK_LATENCIES = (0.0, 0.015)
 #: The throughput scenario's lease, kept so that the two scenarios' stock rows agree.
 ACK_LEASE = 30
+#: The receive scenario: kombu's defaults, so only what both sides must have is set.
+KOMBU_DEFAULT_OPTIONS: dict[str, Any] = {"region": "us-east-1", "is_secure": False}
+RECEIVE_SETUPS = ("prefork:4", "threads:8", "gevent:8")
+#: Seconds the worker is left idle after the backlog, its ReceiveMessage calls counted.
+RECEIVE_IDLE = 20.0
+#: The issue's target for ours at 15 ms per call: tasks/s against the stock transport's.
+TARGET_SPEEDUP = 4.0
 
 
 @dataclass
@@ -153,6 +166,9 @@ class Run:
     entries: dict[str, int] = field(default_factory=dict)
     #: Calls made during the warm shutdown, by action.
     shutdown_calls: dict[str, int] = field(default_factory=dict)
+    #: Calls made while the worker sat idle after the backlog, and for how long.
+    idle_calls: dict[str, int] = field(default_factory=dict)
+    idle_seconds: float = 0.0
     #: Executions per task id, from the record file, after the worker exited.
     executions: dict[str, int] = field(default_factory=dict)
     #: Published tasks that never ran, ran more than once, and executions of task ids that
@@ -223,12 +239,16 @@ class Bench:
         timeout: float,
         latency: float = 0.0,
         poll: float = 0.25,
+        base_options: Mapping[str, Any] = BASE_OPTIONS,
+        idle: float = 0.0,
     ) -> Run:
         """Publish ``count`` tasks, start a worker, wait, stop it, and collect the counts.
 
         With ``window`` None the worker is stopped as soon as every message is deleted;
         otherwise it runs for ``window`` seconds after it is ready. ``latency`` is added
         to every SQS call from the worker's start on; publishing is not slowed down.
+        With ``idle``, the worker is left that long with an empty queue after the last
+        delete, and the calls it makes meanwhile are kept apart.
         """
         self._runs += 1
         name = re.sub(r"[^A-Za-z0-9_-]", "-", side.label)[:24]
@@ -243,7 +263,7 @@ class Bench:
         self.server.reset_calls()
         self.server.clear_events()
         options = {
-            **BASE_OPTIONS,
+            **base_options,
             **setup.options,
             "visibility_timeout": lease,
             **side.options,
@@ -265,14 +285,15 @@ class Bench:
             with _worker(env, setup.pool, setup.concurrency, log) as w:
                 w.wait_ready()
                 self._watch(result, queue, window, timeout, poll)
+                if idle and result.all_acked:
+                    self._idle(result, idle)
                 result.exit_code = w.stop()
         finally:
             self.server.clear_faults()
         after = self.server.calls()
+        counted = collections.Counter(result.calls) + collections.Counter(result.idle_calls)
         result.shutdown_calls = {
-            action: n - result.calls.get(action, 0)
-            for action, n in after.items()
-            if n - result.calls.get(action, 0)
+            action: n - counted[action] for action, n in after.items() if n - counted[action]
         }
         result.delete_results = dict(
             collections.Counter(
@@ -322,6 +343,18 @@ class Bench:
             time.sleep(poll)
         if window is not None or not result.all_acked:
             result.calls, result.entries = self._counts()
+
+    def _idle(self, result: Run, seconds: float) -> None:
+        """Count what the worker asks of an empty queue for ``seconds``."""
+        before = self.server.calls()
+        time.sleep(seconds)
+        after = self.server.calls()
+        result.idle_seconds = seconds
+        result.idle_calls = {
+            action: n - before.get(action, 0)
+            for action, n in after.items()
+            if n > before.get(action, 0)
+        }
 
     def _counts(self) -> tuple[dict[str, int], dict[str, int]]:
         calls = self.server.calls()
@@ -802,6 +835,73 @@ def acks_report(
     return "\n".join(parts)
 
 
+def receive_report(runs: Sequence[Run], command: str, elapsed: float, workdir: Path) -> str:
+    tasks = runs[0].tasks if runs else 0
+    per_cell = max(
+        collections.Counter((r.latency, r.setup, r.transport) for r in runs).values(), default=0
+    )
+    shared = {**KOMBU_DEFAULT_OPTIONS, "visibility_timeout": ACK_LEASE}
+    return "\n".join(
+        [
+            "## Receive: tasks/s and SQS requests per no-op task at kombu's defaults",
+            "",
+            environment(command, elapsed),
+            f"- workload: {tasks} no-op tasks per run, published before the worker starts; "
+            "one `celery worker` per run, task_acks_late, prefetch multiplier 4; queue "
+            f"VisibilityTimeout {ACK_LEASE} s; {per_cell} run(s) per cell, alternated stock, "
+            "ours, ours, stock, ...",
+            f"- transport options of both sides: `{json.dumps(shared)}`: kombu's defaults "
+            "otherwise (`wait_time_seconds` 10, `polling_interval` 1)",
+            "- latency: the server answers every SQS call that much later, from the worker's "
+            "start on. tasks/s and requests/task as in the acks table; idle: ReceiveMessage "
+            "calls per minute while the worker sat with an empty queue after the backlog.",
+            f"- worker logs and record files: {workdir}",
+            "",
+            acks_table(runs, [STOCK, OURS]),
+            "",
+            idle_table(runs),
+            "",
+            speedup(runs),
+        ]
+    )
+
+
+def idle_table(runs: Sequence[Run]) -> str:
+    lines = [
+        "| latency | worker | transport | idle ReceiveMessage per minute | other idle calls |",
+        "|---:|---|---|---:|---|",
+    ]
+    for latency, setup, transport in dict.fromkeys((r.latency, r.setup, r.transport) for r in runs):
+        idle = [
+            r
+            for r in runs
+            if (r.latency, r.setup, r.transport) == (latency, setup, transport) and r.idle_seconds
+        ]
+        per_minute = [60 * r.idle_calls.get("ReceiveMessage", 0) / r.idle_seconds for r in idle]
+        others = sorted({a for r in idle for a in r.idle_calls if a != "ReceiveMessage"})
+        lines.append(
+            f"| {_ms(latency)} | {setup} | {transport} | {spread(per_minute, 1)} "
+            f"| {', '.join(others) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+def speedup(runs: Sequence[Run]) -> str:
+    """The issue's target: ours at least 4x stock's tasks/s with 15 ms per call."""
+    lines = [f"Target (the issue): ours at least {TARGET_SPEEDUP:g}x stock's tasks/s at 15 ms."]
+    for latency, setup in dict.fromkeys((r.latency, r.setup) for r in runs):
+        group = [r for r in runs if (r.latency, r.setup) == (latency, setup) and r.rate]
+        ratio = _median([r.rate for r in group if r.transport == OURS.label and r.rate])
+        stock = _median([r.rate for r in group if r.transport == STOCK.label and r.rate])
+        if ratio is None or not stock:
+            continue
+        verdict = ""
+        if latency == 0.015:
+            verdict = " (met)" if ratio / stock >= TARGET_SPEEDUP else " (not met)"
+        lines.append(f"- {setup} at {_ms(latency)}: {ratio / stock:.2f}x{verdict}")
+    return "\n".join(lines)
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -852,14 +952,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scenario",
         action="append",
-        choices=("throughput", "long", "acks"),
+        choices=("throughput", "long", "acks", "receive"),
         help="repeatable; default: throughput and long (acks with --smoke)",
     )
     parser.add_argument("--quick", action="store_true", help="one run each, smaller loads")
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="acks in under a minute, for CI: 30 tasks, 1 run, threads:8, latency 0",
+        help="acks (or the scenario given) in under a minute, for CI: 30 tasks, 1 run, "
+        "threads:8, latency 0",
     )
     parser.add_argument("--tasks", type=int, help="no-op tasks per throughput/acks run (300)")
     parser.add_argument(
@@ -875,7 +976,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_setup,
         nargs="+",
         metavar="POOL:N",
-        help=f"acks: worker pools ({' '.join(ACK_SETUPS)})",
+        help=f"acks and receive: worker pools ({' '.join(ACK_SETUPS)}; receive: "
+        f"{' '.join(RECEIVE_SETUPS)})",
     )
     parser.add_argument(
         "--ours-options",
@@ -910,6 +1012,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     window = args.long_window or (40.0 if short else 50.0)
     latencies = args.latency or ([0.0] if args.smoke else list(ACK_LATENCIES))
     setups = args.setups or [_setup(s) for s in (["threads:8"] if args.smoke else ACK_SETUPS)]
+    receive_setups = args.setups or [
+        _setup(s) for s in (["threads:8"] if args.smoke else RECEIVE_SETUPS)
+    ]
     sides = ack_sides(args.ours_options, args.variant)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sqs-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -972,6 +1077,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                             )
                             runs.append(run)
                             _progress_line(run)
+            if "receive" in scenarios:
+                for latency in latencies:
+                    for setup in receive_setups:
+                        for side in alternate([STOCK, OURS], reps):
+                            run = bench.run(
+                                scenario="receive",
+                                setup=setup,
+                                side=side,
+                                lease=ACK_LEASE,
+                                task="noop",
+                                args=(),
+                                count=tasks,
+                                window=None,
+                                timeout=max(120.0, tasks * 0.5),
+                                latency=latency,
+                                poll=0.05,
+                                base_options=KOMBU_DEFAULT_OPTIONS,
+                                idle=2.0 if args.smoke else RECEIVE_IDLE,
+                            )
+                            runs.append(run)
+                            _progress_line(run)
         finally:
             bench.close()
 
@@ -994,6 +1120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     acks = [r for r in runs if r.scenario == "acks"]
     if acks:
         sections.append(acks_report(acks, sides, command, elapsed, workdir))
+    receive = [r for r in runs if r.scenario == "receive"]
+    if receive:
+        sections.append(receive_report(receive, command, elapsed, workdir))
     report = "\n\n".join(sections)
     print(report)
     if args.markdown:
@@ -1003,9 +1132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [
         r
         for r in runs
-        if (r.scenario in ("throughput", "acks") and not r.all_acked)
+        if (r.scenario in ("throughput", "acks", "receive") and not r.all_acked)
         or (r.scenario == "long" and r.transport == "ours" and set(_padded(r)) != {1})
-        or (r.scenario == "acks" and not r.exactly_once)
+        or (r.scenario in ("acks", "receive") and not r.exactly_once)
     ]
     if failed:
         print(
@@ -1033,7 +1162,7 @@ def _progress_line(run: Run) -> None:
         file=sys.stderr,
         flush=True,
     )
-    if run.scenario == "acks" and not run.exactly_once:
+    if run.scenario in ("acks", "receive") and not run.exactly_once:
         print(
             f"!!! EXACTLY-ONCE VIOLATION in run {run.order} ({run.transport}, {run.setup}, "
             f"{_ms(run.latency)}): {_violation(run)}; see {run.log}",
