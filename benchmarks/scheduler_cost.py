@@ -7,6 +7,10 @@ check), alternating the two in one run:
 - *idle check*: ``take_exhausted`` and ``due_batches`` when nothing is due, what the
   renewal thread does every interval most of the time;
 - *renewal check*: the same with ``due`` leases due, plus settling SQS's answer;
+- *longest lock hold* of a check renewing ``due`` leases (1,000 and 10,000): the
+  manager holds its lock for each chunk it takes (``due_batches`` with a limit of
+  ``BATCHES_PER_HOLD`` calls, ``take_exhausted``, ``has_due``) and for each answer it
+  settles; a book without ``limit`` (the baseline) is taken in one hold, as its manager did;
 - *ack*: ``end`` of one lease;
 - *memory*: bytes per lease held, receipt handle (400 characters) included.
 
@@ -114,6 +118,47 @@ def renewal_check(module: ModuleType, count: int, due: int) -> Callable[[], floa
     return run
 
 
+def longest_hold(module: ModuleType, count: int, due: int) -> float:
+    """The longest single hold of the lock in a check renewing ``due`` of ``count`` leases.
+
+    Counted in the thread's CPU time with the garbage collector off: a preemption by
+    another process, or a collection, stops the thread whether it holds the lock or not,
+    and would measure the machine or the whole heap rather than the book.
+    """
+    from celery_sqs_heartbeat.manager import BATCHES_PER_HOLD
+
+    gc.disable()
+    try:
+        return _longest_hold(module, count, due, BATCHES_PER_HOLD)
+    finally:
+        gc.enable()
+
+
+def _longest_hold(module: ModuleType, count: int, due: int, batches_per_hold: int) -> float:
+    book, _ = make_book(module, count)
+    now = FIRST_DUE + THRESHOLD * (due - 0.5) / count
+    chunked = hasattr(book, "has_due")
+    holds, batches, more = [], [], True
+    while more:
+        started = time.thread_time()
+        if chunked:
+            taken = book.due_batches(now, limit=batches_per_hold)
+            book.take_exhausted(now, limit=batches_per_hold * module.LOOKS_PER_BATCH)
+            more = book.has_due(now)
+        else:
+            book.take_exhausted(now)
+            taken = book.due_batches(now)
+            more = False
+        holds.append(time.thread_time() - started)
+        batches.extend(taken)
+    for batch in batches:
+        answer = {lease: (module.EntryResult.OK, "") for lease, _ in batch.entries}
+        started = time.thread_time()
+        book.settle(batch, answer, now)
+        holds.append(time.thread_time() - started)
+    return max(holds)
+
+
 def ack_cost(module: ModuleType, count: int, acks: int = 1000) -> float:
     book, leases = make_book(module, count)
     chosen = leases[:: max(1, count // acks)][:acks]
@@ -143,7 +188,13 @@ def median_seconds(run: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(modules: dict[str, ModuleType], sizes: list[int], due: list[int], repeats: int):
+def measure(
+    modules: dict[str, ModuleType],
+    sizes: list[int],
+    due: list[int],
+    hold_due: list[int],
+    repeats: int,
+):
     rows = []
     for count in sizes:
         idle = {name: idle_check(module, count) for name, module in modules.items()}
@@ -164,6 +215,15 @@ def measure(modules: dict[str, ModuleType], sizes: list[int], due: list[int], re
                     check_times[name].append(run())
             for name in modules:
                 row[f"{k} due {name}"] = statistics.median(check_times[name])
+        for k in hold_due:
+            if k > count:
+                continue
+            hold_times: dict[str, list[float]] = {name: [] for name in modules}
+            for _ in range(max(3, repeats // 3)):
+                for name, module in modules.items():
+                    hold_times[name].append(longest_hold(module, count, k))
+            for name in modules:
+                row[f"{k} hold {name}"] = statistics.median(hold_times[name])
         for name, module in modules.items():
             row[f"ack {name}"] = ack_cost(module, count)
             row[f"bytes {name}"] = bytes_per_lease(module, count)
@@ -171,7 +231,9 @@ def measure(modules: dict[str, ModuleType], sizes: list[int], due: list[int], re
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], names: list[str], due: list[int]) -> str:
+def markdown(
+    rows: list[dict[str, Any]], names: list[str], due: list[int], hold_due: list[int]
+) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1000:.3f} ms"
 
@@ -182,6 +244,9 @@ def markdown(rows: list[dict[str, Any]], names: list[str], due: list[int]) -> st
     for row in rows:
         measures = [("idle check", "idle", ms)]
         measures += [(f"check renewing {k} due", f"{k} due", ms) for k in due]
+        measures += [
+            (f"longest lock hold, check renewing {k:,} due", f"{k} hold", ms) for k in hold_due
+        ]
         measures += [("one ack (end)", "ack", lambda v: "-" if v is None else f"{v * 1e6:.2f} µs")]
         measures += [("bytes per lease", "bytes", lambda v: "-" if v is None else f"{v:.0f}")]
         for label, key, fmt in measures:
@@ -205,17 +270,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision, or 'none'")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds")
     args = parser.parse_args(argv)
-    sizes, due, repeats = ([1_000, 2_000], [10], 3) if args.smoke else (
-        [1_000, 10_000, 120_000],
-        [10, 1_000],
-        15,
+    sizes, due, hold_due, repeats = (
+        ([1_000, 2_000], [10], [], 3)
+        if args.smoke
+        else (
+            [1_000, 10_000, 120_000],
+            [10, 1_000],
+            [1_000, 10_000],
+            15,
+        )
     )
     modules = {}
     if args.baseline != "none":
         modules[f"before ({args.baseline})"] = load_baseline(args.baseline)
     modules["heap (this tree)"] = current
-    rows = measure(modules, sizes, due, repeats)
-    print(markdown(rows, list(modules), due))
+    rows = measure(modules, sizes, due, hold_due, repeats)
+    print(markdown(rows, list(modules), due, hold_due))
     return 0
 
 

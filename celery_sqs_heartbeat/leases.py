@@ -13,12 +13,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
     "SQS_MAX_HOLD_SECONDS",
+    "AdaptiveMargin",
     "EntryResult",
     "Lease",
     "LeaseBook",
@@ -39,12 +41,39 @@ HOLD_MARGIN_SECONDS = 60
 SQS_BATCH_SIZE = 10
 
 
+#: Whole-call codes aside, the most leases one :meth:`LeaseBook.due_batches` call looks at
+#: per call it returns: the ten it renews and up to ten more (fillers, entries of ended
+#: leases). It bounds how long the caller holds its lock for each call it takes.
+LOOKS_PER_BATCH = 2 * SQS_BATCH_SIZE
+
+#: The adaptive margin's ceiling, and the fixed threshold's default before it adapted:
+#: with a 1 s check, a renewal that fails is retried about nine times before the lease
+#: runs out. A lease shorter than twice this uses half its visibility timeout instead.
+MARGIN_CEILING = 10.0
+#: Seconds a renewal should still have left when SQS answers it, on top of the check
+#: interval and the measured delay: room for two retries at the next checks. The AWS .NET
+#: framework renews 5 s before expiry; 4 s here (a fast SQS) makes fewer calls than its
+#: rule at every load, and keeps within 1.2x the floor from 100 leases in flight
+#: (benchmarks/renewal_requests.py), where 5 s would not on four queues.
+MARGIN_SAFETY = 3.0
+#: The margin covers this many times the slowest recent renewal delay, so a delay that
+#: doubles between two measurements still lands in time.
+MARGIN_LATENCY_FACTOR = 2.0
+#: How long a slow or failed renewal keeps the margin wide: long enough to span a few
+#: renewal rounds of a 30 s lease, short enough that a fast SQS is soon cheap again.
+MARGIN_MEMORY = 60.0
+
+
 @dataclass(frozen=True)
 class LeasePolicy:
-    """How one connection's leases are renewed; the shared manager mixes connections."""
+    """How one connection's leases are renewed; the shared manager mixes connections.
+
+    ``threshold`` is how long before its expiry a lease is renewed; None (the default)
+    leaves that to the book's :class:`AdaptiveMargin`.
+    """
 
     visibility_timeout: int
-    threshold: float
+    threshold: float | None = None
     max_hold: float | None = None
 
     @property
@@ -54,6 +83,63 @@ class LeasePolicy:
         if self.max_hold is not None:
             limit = min(limit, self.max_hold)
         return limit
+
+    @property
+    def margin_ceiling(self) -> float:
+        """The widest adaptive margin: today's default threshold for this lease."""
+        return min(MARGIN_CEILING, self.visibility_timeout / 2)
+
+
+class AdaptiveMargin:
+    """How long before its expiry a lease without a fixed threshold is renewed.
+
+    SQS bills calls, and a renewal sent ``m`` seconds before expiry buys only
+    ``visibility_timeout - m`` seconds, so the margin should be as small as is safe. What
+    is safe depends on how long a renewal takes to land: a lease comes due at most one
+    check interval before the check that sends it, and then waits for a free call slot and
+    for SQS's answer (the *delay*, measured per call from the start of its check). So the
+    margin is ``interval + MARGIN_SAFETY + MARGIN_LATENCY_FACTOR x`` the slowest delay of
+    the last :data:`MARGIN_MEMORY` seconds, at most :attr:`LeasePolicy.margin_ceiling`:
+    a fast SQS (tens of milliseconds) renews about 4 s before expiry, a 2 s one about 8 s
+    before. Until a call has been timed, and for :data:`MARGIN_MEMORY` after a call
+    failed (throttling, 5xx, network), the margin is the ceiling, the old fixed default,
+    so a struggling SQS gets retried many times before a lease runs out.
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        #: The manager's check interval: a lease may come due just after a check.
+        self.interval = interval
+        #: ``(measured at, delay)``, delays decreasing: the window's maximum is first.
+        self._slowest: deque[tuple[float, float]] = deque()
+        self._last_delay: float | None = None
+        self._failed_at = -math.inf
+
+    def record_delay(self, seconds: float, now: float) -> None:
+        """A renewal call answered ``seconds`` after the start of the check that sent it."""
+        while self._slowest and self._slowest[-1][1] <= seconds:
+            self._slowest.pop()
+        self._slowest.append((now, seconds))
+        self._last_delay = seconds
+
+    def record_failure(self, now: float) -> None:
+        """A renewal call failed as a whole, or for some entries, for a passing reason."""
+        self._failed_at = now
+
+    def slowest_delay(self, now: float) -> float | None:
+        """The slowest recent delay; the last one if none is recent; None if never timed."""
+        while self._slowest and self._slowest[0][0] < now - MARGIN_MEMORY:
+            self._slowest.popleft()
+        return self._slowest[0][1] if self._slowest else self._last_delay
+
+    def seconds(self, policy: LeasePolicy, now: float) -> float:
+        """The margin of ``policy``'s leases at ``now``."""
+        if policy.threshold is not None:
+            return policy.threshold
+        delay = self.slowest_delay(now)
+        if delay is None or now - self._failed_at < MARGIN_MEMORY:
+            return policy.margin_ceiling
+        wanted = self.interval + MARGIN_SAFETY + MARGIN_LATENCY_FACTOR * delay
+        return min(policy.margin_ceiling, wanted)
 
 
 @dataclass(eq=False)
@@ -75,6 +161,8 @@ class Lease:
     #: Reported lost (WARNING and ``lease_lost``): never reported twice.
     lost: bool = False
     pending_release: Release | None = None
+    #: Whether the lease waits in its group's heap (not due yet, not on the wire).
+    scheduled: bool = False
 
     def __post_init__(self) -> None:
         self.expires_at = self.received_at + self.policy.visibility_timeout
@@ -82,10 +170,6 @@ class Lease:
     @property
     def hold_deadline(self) -> float:
         return self.received_at + self.policy.hold_limit
-
-    @property
-    def due_at(self) -> float:
-        return self.expires_at - self.policy.threshold
 
     def describe(self) -> str:
         return f"task {self.task_name or '?'}[{self.task_id or '?'}]"
@@ -131,20 +215,46 @@ class Settlement:
 
 
 class _QueueLeases:
-    """One queue's leases, and a heap of them by when they come due."""
+    """The leases of one queue and one policy, and a heap of them by expiry."""
 
-    __slots__ = ("due", "heap", "leases", "stale")
+    __slots__ = ("due", "exhausted", "heap", "leases", "policy", "queue", "stale")
 
-    def __init__(self) -> None:
+    def __init__(self, queue: Hashable, policy: LeasePolicy) -> None:
+        self.queue = queue
+        self.policy = policy
         self.leases: dict[int, Lease] = {}
-        #: ``(due_at, sequence, lease)``; a lease has one entry while it waits for its
-        #: next renewal, none while one is on the wire. Entries of ended leases stay
+        #: ``(expires_at, sequence, lease)``; a lease has one entry while it waits for its
+        #: next renewal, none while it is due or on the wire. Entries of ended leases stay
         #: until they surface or the heap is rebuilt: ``stale`` counts them.
         self.heap: list[tuple[float, int, Lease]] = []
         self.stale = 0
-        #: Popped by :meth:`LeaseBook.take_exhausted`, due and renewable, for
-        #: :meth:`LeaseBook.due_batches` to send: closest to due first.
-        self.due: list[Lease] = []
+        #: Popped from the heap, due and renewable, waiting for a call: closest first.
+        #: Leases that ended meanwhile are skipped when they come up.
+        self.due: deque[Lease] = deque()
+        #: Popped, due, and unable to get another second: for :meth:`take_exhausted`.
+        self.exhausted: list[Lease] = []
+
+
+class _Budget:
+    """How many more heap entries or due leases one call may look at; None: no limit."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int | None) -> None:
+        self.left = left
+
+    def spend(self) -> bool:
+        """Take one look if any is left."""
+        if self.left is None:
+            return True
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+    @property
+    def spent(self) -> bool:
+        return self.left is not None and self.left <= 0
 
 
 class LeaseBook:
@@ -152,21 +262,35 @@ class LeaseBook:
 
     A worker may hold SQS's in-flight limit, 120,000 messages a queue, and every ack and
     receive waits for the lock this book is used under. So nothing here looks at every
-    lease: each queue keeps a binary heap keyed by ``due_at``. A check with nothing due
-    reads the top of each queue's heap, O(queues); one that renews k leases pops k, and
-    at most nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap
-    entry to be skipped when it surfaces. The heap is rebuilt when stale entries
-    outnumber live ones, so memory follows the leases held.
+    lease: each queue keeps a binary heap keyed by expiry. A check with nothing due reads
+    the top of each queue's heap, O(queues); one that renews k leases pops k, and at most
+    nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap entry to
+    be skipped when it surfaces. The heap is rebuilt when stale entries outnumber live
+    ones, so memory follows the leases held.
+
+    A burst of due leases must not hold the lock for long either, so
+    :meth:`due_batches` and :meth:`take_exhausted` take a ``limit``: the caller loops,
+    taking the lock for a few calls' worth of leases at a time, while :meth:`has_due`.
+
+    Keyed by expiry, not by ``expiry - margin``, because the adaptive margin moves: a
+    lease is due once ``expires_at <= now + margin``, with the margin of the moment. So
+    each heap holds the leases of one queue *and one policy* (the margin is per policy);
+    two connections with different lease settings on one queue make two groups, renewed
+    in separate calls, which costs calls only in that rare set-up.
 
     A timing wheel would make adding O(1) too, but a renewal call must be filled with the
     leases *closest* to due, which a wheel knows only to the width of a slot; and a heap
-    needs no slot width chosen for thresholds that vary from 0.1 s to hours.
+    needs no slot width chosen for margins that vary from 0.1 s to hours.
     """
 
-    def __init__(self) -> None:
-        self._by_queue: dict[Hashable, _QueueLeases] = {}
+    def __init__(self, margin: AdaptiveMargin | None = None) -> None:
+        self.margin = margin if margin is not None else AdaptiveMargin()
+        self._by_queue: dict[tuple[Hashable, LeasePolicy], _QueueLeases] = {}
         self._releases_waiting: set[Lease] = set()
         self._sequence = itertools.count()
+        #: Heap entries and due leases looked at since the book was made: what bounds
+        #: the time a caller holds its lock, counted for tests and benchmarks.
+        self.looked_at = 0
 
     def __len__(self) -> int:
         return sum(len(queue.leases) for queue in self._by_queue.values())
@@ -177,9 +301,10 @@ class LeaseBook:
             yield from queue.leases.values()
 
     def add(self, lease: Lease) -> None:
-        queue = self._by_queue.get(lease.queue)
+        key = (lease.queue, lease.policy)
+        queue = self._by_queue.get(key)
         if queue is None:
-            queue = self._by_queue[lease.queue] = _QueueLeases()
+            queue = self._by_queue[key] = _QueueLeases(lease.queue, lease.policy)
         queue.leases[id(lease)] = lease
         self._schedule(queue, lease)
 
@@ -209,75 +334,129 @@ class LeaseBook:
         """Whether a release still waits for a renewal on the wire to come back."""
         return bool(self._releases_waiting)
 
-    def take_exhausted(self, now: float) -> list[Lease]:
+    def has_due(self, now: float) -> bool:
+        """Whether a due or exhausted lease (or a stale entry) waits: O(queues)."""
+        return any(
+            queue.due or queue.exhausted or self._top_is_due(queue, now)
+            for queue in self._by_queue.values()
+        )
+
+    def take_exhausted(self, now: float, limit: int | None = None) -> list[Lease]:
         """Due leases that cannot be renewed even by a second before their hold limit.
 
         Renewing with a visibility of 0 would hand a running task to another worker, so
         these are simply no longer renewed: SQS makes them visible when the lease ends.
+        Looks at no more than ``limit`` heap entries (None: every due one).
         """
-        exhausted = []
+        budget = _Budget(limit)
+        exhausted: list[Lease] = []
         for queue in list(self._by_queue.values()):
-            self._pop_due(queue, now)
-            renewable = []
-            for lease in queue.due:
-                if self._renewal_length(lease, now) < 1:
-                    exhausted.append(lease)
-                else:
-                    renewable.append(lease)
-            queue.due = renewable
+            self._pop_due(queue, now, None, budget)
+            exhausted.extend(lease for lease in queue.exhausted if self._is_held(queue, lease))
+            queue.exhausted = []
         for lease in exhausted:
             self._discard(lease)
         return exhausted
 
-    def due_batches(self, now: float) -> list[RenewalBatch]:
+    def due_batches(self, now: float, limit: int | None = None) -> list[RenewalBatch]:
         """The renewal calls to make at ``now``, leases inside marked as being renewed.
 
         SQS bills a call, not an entry. So once any lease of a queue is due, the call is
         filled up to ten with the leases closest to due: renewing them a little early
         costs nothing and puts them into a cohort that comes due together next time.
-        Call :meth:`take_exhausted` first, so no entry asks for a visibility of 0.
+        Leases that cannot get another second are left for :meth:`take_exhausted`.
+
+        With a ``limit``, at most that many calls, looking at no more than
+        :data:`LOOKS_PER_BATCH` leases per call, queues taken in turn; call again while
+        :meth:`has_due` says more is due.
         """
-        batches = []
-        for name, queue in self._by_queue.items():
-            self._pop_due(queue, now)
-            chosen: list[Lease] = []
-            exhausted: list[Lease] = []
-            for lease in queue.due:
-                (chosen if self._renewal_length(lease, now) >= 1 else exhausted).append(lease)
-            # Exhausted ones stay for take_exhausted: never renewed for 0 seconds.
-            queue.due = exhausted
-            if not chosen:
-                continue
-            chosen.extend(self._closest_to_due(queue, now, -len(chosen) % SQS_BATCH_SIZE))
-            for start in range(0, len(chosen), SQS_BATCH_SIZE):
-                entries = tuple(
-                    (lease, self._renewal_length(lease, now))
-                    for lease in chosen[start : start + SQS_BATCH_SIZE]
-                )
-                for lease, _ in entries:
-                    lease.renewing = True
-                batches.append(RenewalBatch(name, entries, now))
+        budget = _Budget(None if limit is None else limit * LOOKS_PER_BATCH)
+        batches: list[RenewalBatch] = []
+        pending = list(self._by_queue.values())
+        while pending and (limit is None or len(batches) < limit) and not budget.spent:
+            served = []
+            for queue in pending:
+                if (limit is not None and len(batches) >= limit) or budget.spent:
+                    break
+                batch = self._next_batch(queue, now, budget)
+                if batch is not None:
+                    batches.append(batch)
+                    served.append(queue)
+            pending = served
         return batches
 
-    def _pop_due(self, queue: _QueueLeases, now: float) -> None:
-        """Move the queue's due leases from its heap to ``queue.due``, closest first."""
-        while queue.heap and queue.heap[0][0] <= now:
+    def _next_batch(self, queue: _QueueLeases, now: float, budget: _Budget) -> RenewalBatch | None:
+        """One call of ``queue``'s due leases, filled with the closest to due if short."""
+        chosen: list[Lease] = []
+        while len(chosen) < SQS_BATCH_SIZE:
+            if not queue.due:
+                self._pop_due(queue, now, SQS_BATCH_SIZE - len(chosen), budget)
+                if not queue.due:
+                    break
+            lease = queue.due.popleft()
+            if not self._is_held(queue, lease):
+                continue
+            if self._renewal_length(lease, now) >= 1:
+                chosen.append(lease)
+            else:
+                queue.exhausted.append(lease)
+        if len(chosen) < SQS_BATCH_SIZE and self._top_is_due(queue, now):
+            # The budget ran out before every due lease was popped: fill next time.
+            queue.due.extendleft(reversed(chosen))
+            return None
+        if not chosen:
+            return None
+        chosen.extend(self._closest_to_due(queue, now, SQS_BATCH_SIZE - len(chosen), budget))
+        entries = tuple((lease, self._renewal_length(lease, now)) for lease in chosen)
+        for lease in chosen:
+            lease.renewing = True
+        # Served queues go last, so a limited caller takes the queues in turn.
+        key = (queue.queue, queue.policy)
+        self._by_queue[key] = self._by_queue.pop(key)
+        return RenewalBatch(queue.queue, entries, now)
+
+    def _top_is_due(self, queue: _QueueLeases, now: float) -> bool:
+        return bool(queue.heap) and queue.heap[0][0] <= now + self.margin.seconds(queue.policy, now)
+
+    def _pop_due(
+        self, queue: _QueueLeases, now: float, enough: int | None, budget: _Budget
+    ) -> None:
+        """Move due leases from the heap to ``queue.due`` (or ``exhausted``), closest first.
+
+        Stops once ``queue.due`` holds ``enough`` (None: when nothing due is left) or the
+        budget is spent.
+        """
+        horizon = now + self.margin.seconds(queue.policy, now)
+        while queue.heap and queue.heap[0][0] <= horizon:
+            if enough is not None and len(queue.due) >= enough:
+                return
+            if not budget.spend():
+                return
+            self.looked_at += 1
             _, _, lease = heapq.heappop(queue.heap)
-            if self._is_live(queue, lease):
+            if not self._is_live(queue, lease):
+                queue.stale -= 1
+                continue
+            lease.scheduled = False
+            if self._renewal_length(lease, now) >= 1:
                 queue.due.append(lease)
             else:
-                queue.stale -= 1
+                queue.exhausted.append(lease)
 
-    def _closest_to_due(self, queue: _QueueLeases, now: float, count: int) -> list[Lease]:
+    def _closest_to_due(
+        self, queue: _QueueLeases, now: float, count: int, budget: _Budget
+    ) -> list[Lease]:
         """Up to ``count`` leases not due yet, closest first, that a renewal would extend."""
         closest: list[Lease] = []
         unfit: list[tuple[float, int, Lease]] = []
-        while queue.heap and len(closest) < count:
+        while queue.heap and len(closest) < count and budget.spend():
+            self.looked_at += 1
             entry = heapq.heappop(queue.heap)
             lease = entry[2]
             if not self._is_live(queue, lease):
                 queue.stale -= 1
             elif self._renewal_length(lease, now) >= 1:
+                lease.scheduled = False
                 closest.append(lease)
             else:
                 unfit.append(entry)
@@ -286,11 +465,16 @@ class LeaseBook:
         return closest
 
     @staticmethod
+    def _is_held(queue: _QueueLeases, lease: Lease) -> bool:
+        return id(lease) in queue.leases
+
+    @staticmethod
     def _is_live(queue: _QueueLeases, lease: Lease) -> bool:
-        return id(lease) in queue.leases and not lease.renewing
+        return lease.scheduled and id(lease) in queue.leases
 
     def _schedule(self, queue: _QueueLeases, lease: Lease) -> None:
-        heapq.heappush(queue.heap, (lease.due_at, next(self._sequence), lease))
+        lease.scheduled = True
+        heapq.heappush(queue.heap, (lease.expires_at, next(self._sequence), lease))
 
     @staticmethod
     def _renewal_length(lease: Lease, now: float) -> int:
@@ -331,22 +515,26 @@ class LeaseBook:
                 self._discard(lease)
                 settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
                 continue
-            queue = self._by_queue.get(lease.queue)
+            queue = self._by_queue.get((lease.queue, lease.policy))
             if queue is not None and id(lease) in queue.leases:
                 self._schedule(queue, lease)
         return settlement
 
     def _discard(self, lease: Lease) -> None:
-        """Forget ``lease``; its heap entry, if it has one, becomes stale."""
-        queue = self._by_queue.get(lease.queue)
+        """Forget ``lease``; its heap entry, if it has one, becomes stale.
+
+        A due or exhausted lease is skipped when its list comes up, so an ack never
+        searches those lists.
+        """
+        key = (lease.queue, lease.policy)
+        queue = self._by_queue.get(key)
         if queue is None or queue.leases.pop(id(lease), None) is None:
             return
-        if lease in queue.due:
-            queue.due.remove(lease)
-        elif not lease.renewing:
+        if lease.scheduled:
+            lease.scheduled = False
             queue.stale += 1
         if not queue.leases:
-            del self._by_queue[lease.queue]
+            del self._by_queue[key]
         elif queue.stale > len(queue.leases):
             self._rebuild(queue)
 

@@ -5,7 +5,17 @@ task runs in the solo pool and does not exist under gevent or eventlet, and a le
 waits for the loop is a lease that expires. Under gevent the thread is a greenlet.
 
 Callers (acks, rejects, receives) never wait for a renewal: they take the lock only to
-update the book, and the SQS calls are made outside it. Acks and rejects leave their
+update the book, and the SQS calls are made outside it. A check takes the lock for a few
+calls' worth of due leases at a time (:data:`BATCHES_PER_HOLD`), so even a burst of
+thousands coming due keeps every ack's wait for the lock around a millisecond.
+
+Renewal calls go out concurrently, each on a thread of its own, at most
+:data:`~celery_sqs_heartbeat.sqs.MAX_CALLS_IN_FLIGHT` at once: one after another, a slow
+SQS (2 s a call) would get the tenth call of a burst out 18 s late, past the end of the
+leases it carries. A thread per call, not a pool: calls are at most tens a second, a
+thread costs about 0.1 ms to start, and nothing idles between bursts. Under gevent the
+threads are greenlets. When no thread can be started (at interpreter shutdown) the call
+is made on the checking thread. Acks and rejects leave their
 delete or release in an :class:`~celery_sqs_heartbeat.outbox.Outbox`, which the same
 thread sends in batches. An acked message's lease ends only when SQS confirms the
 delete: until then it is renewed like any other, so a delete that fails for a while
@@ -21,6 +31,7 @@ counts moved.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -33,6 +44,7 @@ from celery.utils.log import get_logger
 
 from . import signals
 from .leases import (
+    LOOKS_PER_BATCH,
     EntryResult,
     Lease,
     LeaseBook,
@@ -41,6 +53,7 @@ from .leases import (
 )
 from .metrics import LeaseMetrics, MetricsSnapshot, failure_code, process_metrics
 from .outbox import Outbox, OutboxBatch, OutboxSettlement, Outgoing, Request
+from .sqs import MAX_CALLS_IN_FLIGHT
 
 logger = get_logger(__name__)
 
@@ -57,6 +70,16 @@ SUMMARY_INTERVAL = 60.0
 #: Seconds before a delete or release that failed (throttling, 5xx, a network fault) is
 #: tried again. Not sooner, so a failing SQS is not hammered when deletes go out at once.
 RETRY_DELAY = 1.0
+
+#: Renewal calls a check takes from the book per hold of the lock: taking each looks at no
+#: more than :data:`~celery_sqs_heartbeat.leases.LOOKS_PER_BATCH` leases, and looking for
+#: exhausted ones as many again, so a hold looks at 200 at most: well under a millisecond
+#: at 120,000 leases held (benchmarks/scheduler_cost.py).
+BATCHES_PER_HOLD = 5
+
+#: How long a wait for a renewal call slot or answer lasts before the waiter looks again:
+#: a safety net only, every answer wakes the waiters.
+CALL_WAIT = 1.0
 
 #: How long the end of the process waits for deletes still pending: a delete that never
 #: went out means the task runs again elsewhere once its lease ends.
@@ -98,6 +121,10 @@ class VisibilityExtensionManager:
         self._book = LeaseBook()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        #: Notified when a renewal call came back: a slot is free.
+        self._call_done = threading.Condition(self._lock)
+        self._renewals_in_flight = 0
+        self._health_lock = threading.Lock()
         self._interval = float("inf")
         self._thread: threading.Thread | None = None
         self._failing_queues: set[tuple[str, str]] = set()
@@ -137,7 +164,11 @@ class VisibilityExtensionManager:
             self._book.add(lease)
             self._count_held()
             self._interval = min(self._interval, check_interval)
-            self._changed.notify_all()
+            self._book.margin.interval = self._interval
+            # Wake the thread only if it would sleep past the first check this lease
+            # needs; a wake-up per receive would be a check per receive.
+            if self._sleeping_until > self.clock() + check_interval:
+                self._changed.notify_all()
         self._ensure_thread()
 
     def end(self, lease: Lease) -> None:
@@ -220,19 +251,63 @@ class VisibilityExtensionManager:
         """Whether a delete or release is pending or not yet reported; under the lock."""
         return bool(self._outbox or self._batches_reporting or self._book.releases_waiting())
 
-    def check(self) -> None:
-        """Renew what is due now; the thread calls this every interval, tests call it."""
-        with self._lock:
-            now = self.clock()
-            exhausted = self._book.take_exhausted(now)
-            batches = self._book.due_batches(now)
-            self._count_held()
+    def check(self, wait: bool = True) -> None:
+        """Renew what is due now, then send the deletes and releases that are due.
+
+        Renewal calls go out concurrently. With ``wait`` (tests, and anyone calling this
+        by hand) it returns once SQS answered them all; the manager's thread does not
+        wait, so a slow SQS delays neither its next check nor the deletes.
+        """
+        self._renew_due()
+        if wait:
+            self._wait_for_renewals()
+        self._send_outbox()
+        self._log_summary_if_due()
+
+    def _renew_due(self) -> None:
+        """Take the due leases a few calls at a time, sending each call as it is taken.
+
+        Calls are taken only when a slot is free, so a lease waits in the book, not in a
+        queue of calls: it is sent with its renewal length worked out at sending time.
+        """
+        started = self.clock()
+        more = True
+        while more:
+            with self._lock:
+                while self._renewals_in_flight >= MAX_CALLS_IN_FLIGHT:
+                    self._call_done.wait(CALL_WAIT)
+                now = self.clock()
+                room = min(MAX_CALLS_IN_FLIGHT - self._renewals_in_flight, BATCHES_PER_HOLD)
+                batches = self._book.due_batches(now, limit=room)
+                exhausted = self._book.take_exhausted(now, limit=room * LOOKS_PER_BATCH)
+                more = self._book.has_due(now)
+                self._renewals_in_flight += len(batches)
+                self._count_held()
+                for batch in batches:
+                    self._count_renewal_call(batch)
+            for lease in exhausted:
+                self._warn_capped(lease)
             for batch in batches:
-                self._count_renewal_call(batch)
-        for lease in exhausted:
-            self._warn_capped(lease)
-        for batch in batches:
-            queue = cast(LeaseQueue, batch.queue)
+                self._start_call(functools.partial(self._renew, batch, started))
+
+    def _wait_for_renewals(self) -> None:
+        with self._lock:
+            while self._renewals_in_flight:
+                self._call_done.wait(CALL_WAIT)
+
+    @staticmethod
+    def _start_call(call: Callable[[], None]) -> None:
+        """Run ``call`` on a thread of its own, or here if no thread can be started."""
+        thread = threading.Thread(target=call, name="celery-sqs-heartbeat-renewal", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            call()
+
+    def _renew(self, batch: RenewalBatch, check_started: float) -> None:
+        """One renewal call and its settlement; frees its slot however it ends."""
+        queue = cast(LeaseQueue, batch.queue)
+        try:
             try:
                 results = queue.change_visibility(batch.entries)
             except Exception as exc:
@@ -241,20 +316,44 @@ class VisibilityExtensionManager:
                 logger.exception("Renewing SQS leases on queue %s failed", queue.name)
                 failed = (EntryResult.TRANSIENT, repr(exc))
                 results = {lease: failed for lease, _ in batch.entries}
-            with self._lock:
-                now = self.clock()
-                settlement = self._book.settle(batch, results, now)
-                self._count_held()
-                self._count_failures(batch, results)
-                for release in settlement.releases:
-                    self._outbox.add(
-                        Outgoing(release.lease, Request.RELEASE, release.delay, release.reason),
-                        now,
-                    )
+            settlement = self._settle_renewal(batch, results, check_started)
             self._note_queue_health(queue, "Renewing SQS leases", results.values())
             self._report(queue, settlement)
-        self._send_outbox()
-        self._log_summary_if_due()
+        finally:
+            with self._lock:
+                self._renewals_in_flight -= 1
+                self._call_done.notify_all()
+
+    def _settle_renewal(
+        self,
+        batch: RenewalBatch,
+        results: Mapping[Lease, tuple[EntryResult, str]],
+        check_started: float,
+    ) -> Settlement:
+        """Apply SQS's answer, time it for the margin, queue the releases it freed."""
+        with self._lock:
+            now = self.clock()
+            self._book.margin.record_delay(now - check_started, now)
+            if any(outcome is EntryResult.TRANSIENT for outcome, _ in results.values()):
+                self._book.margin.record_failure(now)
+            settlement = self._book.settle(batch, results, now)
+            # Renewals and deletes are on the wire side by side: a renewal that finds the
+            # message gone while its delete is pending most likely lost the race to that
+            # delete. The delete's answer ends the lease, or reports it lost if it fails.
+            deleting = {lease for lease, _ in batch.entries if self._outbox.deleting(lease)}
+            settlement.lost = [
+                (lease, why) for lease, why in settlement.lost if lease not in deleting
+            ]
+            self._count_held()
+            self._count_failures(batch, results, deleting)
+            for release in settlement.releases:
+                self._outbox.add(
+                    Outgoing(release.lease, Request.RELEASE, release.delay, release.reason), now
+                )
+            if settlement.releases or len(self._outbox):
+                # Releases, and deletes held while these leases were being renewed, can go.
+                self._changed.notify_all()
+        return settlement
 
     def _send_outbox(self) -> None:
         """Send the deletes and releases that are due, and settle SQS's answers."""
@@ -325,7 +424,7 @@ class VisibilityExtensionManager:
                 self._changed.wait(timeout)
                 self._sleeping_until = float("-inf")
             try:
-                self.check()
+                self.check(wait=False)
             except Exception:
                 # A bug must not end renewals for the whole process; log it and go on.
                 logger.exception("Renewing SQS message visibility failed")
@@ -376,9 +475,12 @@ class VisibilityExtensionManager:
             self._metrics.record_renewal_margin(lease.expires_at - batch.sent_at)
 
     def _count_failures(
-        self, batch: RenewalBatch, results: Mapping[Lease, tuple[EntryResult, str]]
+        self,
+        batch: RenewalBatch,
+        results: Mapping[Lease, tuple[EntryResult, str]],
+        deleting: set[Lease],
     ) -> None:
-        """Count failed entries by error code, except for leases that ended meanwhile.
+        """Count failed entries by error code, except for leases acked or ended meanwhile.
 
         A renewal that lands just after the ack deleted its message fails: that is the
         expected end of a race, not a problem an operator should see counted. The caller
@@ -386,7 +488,7 @@ class VisibilityExtensionManager:
         """
         for lease, _ in batch.entries:
             outcome, reason = results.get(lease, (EntryResult.TRANSIENT, "no answer"))
-            if outcome is not EntryResult.OK and not lease.ended:
+            if outcome is not EntryResult.OK and not lease.ended and lease not in deleting:
                 self._metrics.record_renewal_failure(failure_code(reason))
 
     def _report(self, queue: LeaseQueue, settlement: Settlement) -> None:
@@ -437,16 +539,21 @@ class VisibilityExtensionManager:
         """Log a failing queue once when it starts failing and once when it recovers."""
         failures = [reason for kind, reason in results if kind is EntryResult.TRANSIENT]
         streak = (queue.name, activity)
-        if failures and streak not in self._failing_queues:
-            self._failing_queues.add(streak)
+        with self._health_lock:  # renewal calls answer on threads of their own
+            started = bool(failures) and streak not in self._failing_queues
+            ended = not failures and streak in self._failing_queues
+            if started:
+                self._failing_queues.add(streak)
+            elif ended:
+                self._failing_queues.discard(streak)
+        if started:
             logger.warning(
                 "%s on queue %s failed, retrying while the leases hold: %s",
                 activity,
                 queue.name,
                 failures[0],
             )
-        elif not failures and streak in self._failing_queues:
-            self._failing_queues.discard(streak)
+        elif ended:
             logger.info("%s on queue %s works again", activity, queue.name)
 
     def _report_deletes(self, queue: LeaseQueue, settlement: OutboxSettlement) -> None:

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: Upper bounds, in seconds, of the renewal-margin histogram buckets. Renewals are due
-#: ``visibility_extension_threshold`` (at most 10 s by default) before expiry, and the
+#: a margin before expiry (about 4 s on a fast SQS, 10 s at most by default), and the
 #: leases added to fill a call have more time left; a margin under a second or two
 #: means renewals are late.
 MARGIN_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, math.inf)

@@ -118,6 +118,11 @@ class Outbox:
         replaced, item.lease = item.lease, lease
         return replaced
 
+    def deleting(self, lease: Lease) -> bool:
+        """Whether a delete of ``lease`` waits or is on the wire."""
+        item = self._deletes.get(lease.message_id or "")
+        return item is not None and item.lease is lease
+
     def next_due(self, flushing: bool = False) -> float | None:
         """When the next call is owed, if anything waits; a full batch is owed now.
 
@@ -127,9 +132,10 @@ class Outbox:
         """
         owed = [
             float("-inf")
-            if len(items) >= SQS_BATCH_SIZE
-            else min(self._due(i, flushing) for i in items)
+            if len(ready) >= SQS_BATCH_SIZE
+            else min(self._due(i, flushing) for i in ready)
             for items in self._waiting.values()
+            if (ready := _sendable(items))
         ]
         return min(owed, default=None)
 
@@ -146,12 +152,13 @@ class Outbox:
         """
         batches = []
         for key in list(self._waiting):
-            items = self._waiting[key]
+            items = _sendable(self._waiting[key])
+            held = [item for item in self._waiting[key] if item.lease.renewing]
             if any(self._due(item, flushing) <= now for item in items):
-                sending, kept = items, []
+                sending, kept = items, held
             else:
                 full = len(items) - len(items) % SQS_BATCH_SIZE
-                sending, kept = items[:full], items[full:]
+                sending, kept = items[:full], items[full:] + held
             if kept:
                 self._waiting[key] = kept
             else:
@@ -194,3 +201,13 @@ class Outbox:
         message_id = item.lease.message_id
         if item.request is Request.DELETE and message_id and self._deletes.get(message_id) is item:
             del self._deletes[message_id]
+
+
+def _sendable(items: list[Outgoing]) -> list[Outgoing]:
+    """The entries that may go out now: not those whose lease is being renewed.
+
+    Renewals are on the wire side by side with deletes; a delete sent meanwhile could
+    land first and leave SQS to refuse the renewal. It goes out when the renewal is
+    back, so the delete is the last word, as a release is.
+    """
+    return [item for item in items if not item.lease.renewing]

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from celery_sqs_heartbeat.leases import (
+    LOOKS_PER_BATCH,
+    SQS_BATCH_SIZE,
+    AdaptiveMargin,
     EntryResult,
     Lease,
     LeaseBook,
@@ -46,7 +49,7 @@ def renew_until_untracked(book: LeaseBook, lease: Lease) -> list[Settlement]:
     for _ in range(3000):  # 12 hours of 20-second renewals is 2157
         if not len(book):
             return settlements
-        now = lease.due_at
+        now = lease.expires_at - 10  # POLICY's threshold
         assert not book.take_exhausted(now)
         (batch,) = book.due_batches(now)
         settlements.append(book.settle(batch, answer(batch, EntryResult.OK), now + 0.2))
@@ -60,7 +63,9 @@ def test_a_new_lease_expires_one_visibility_timeout_after_the_receive() -> None:
     lease = make_lease("q", received_at=100)
 
     assert lease.expires_at == 130
-    assert lease.due_at == 120
+    book = book_of(lease)
+    assert not book.has_due(119.9)
+    assert book.has_due(120)
 
 
 def test_nothing_due_means_no_batch() -> None:
@@ -136,7 +141,7 @@ def test_a_cohort_renewed_together_comes_due_together() -> None:
     (batch,) = book.due_batches(20)
     book.settle(batch, answer(batch, EntryResult.OK), 20.3)
 
-    assert {lease.due_at for lease in leases} == {40}
+    assert {lease.expires_at for lease in leases} == {50}
     assert book.due_batches(39.9) == []
     (next_batch,) = book.due_batches(40)
     assert len(next_batch.entries) == 5
@@ -433,7 +438,7 @@ def test_ended_leases_do_not_pile_up_behind_the_live_ones() -> None:
         book.end(lease)
 
     assert len(book) == 10
-    assert len(book._by_queue["q"].heap) <= 2 * len(book)
+    assert len(book._by_queue["q", POLICY].heap) <= 2 * len(book)
     (batch,) = book.due_batches(30)
     assert leases_of([batch]) == leases[990:]
 
@@ -533,3 +538,129 @@ def test_only_the_ended_lease_of_a_batch_waits_for_the_answer() -> None:
 def test_the_hold_limit_is_12_hours_less_the_margin_by_default() -> None:
     assert POLICY.max_hold is None
     assert POLICY.hold_limit == HOLD_LIMIT
+
+
+# --- a check in chunks ---------------------------------------------------------------------
+
+
+def test_a_limited_pass_takes_at_most_limit_calls_and_looks_at_a_bounded_number() -> None:
+    leases = watched_leases(10_000)
+    book = book_of(*leases)
+    now = 21.0  # 1,001 due: received from 0 to 1.0
+    renewed: list[Lease] = []
+    passes = 0
+    while book.has_due(now):
+        before = book.looked_at
+        batches = book.due_batches(now, limit=2)
+        assert len(batches) <= 2
+        assert book.looked_at - before <= 2 * LOOKS_PER_BATCH
+        before = book.looked_at
+        assert book.take_exhausted(now, limit=2 * LOOKS_PER_BATCH) == []
+        assert book.looked_at - before <= 2 * LOOKS_PER_BATCH
+        renewed.extend(leases_of(batches))
+        passes += 1
+
+    # Each due lease once, and nine more to fill the last call.
+    assert len(renewed) == len(set(map(id, renewed))) == 1010
+    assert {id(lease) for lease in leases[:1001]} <= set(map(id, renewed))
+    assert passes >= 1010 // (2 * SQS_BATCH_SIZE)
+
+
+def test_stale_entries_of_acked_leases_count_against_the_limit() -> None:
+    leases = watched_leases(10_000)
+    book = book_of(*leases)
+    for lease in leases[:4000:2]:  # acked, their entries left in the heap
+        book.end(lease)
+
+    before = book.looked_at
+    book.due_batches(30, limit=1)
+
+    assert book.looked_at - before <= LOOKS_PER_BATCH
+
+
+def test_a_limited_pass_takes_the_queues_in_turn() -> None:
+    first = [make_lease("a", task_id=f"a{n}") for n in range(30)]
+    second = [make_lease("b", task_id=f"b{n}") for n in range(30)]
+    book = book_of(*first, *second)
+
+    queues = [batch.queue for batch in book.due_batches(20, limit=1)]
+    queues += [batch.queue for batch in book.due_batches(20, limit=1)]
+
+    assert sorted(queues) == ["a", "b"]
+
+
+def test_two_policies_on_one_queue_are_renewed_in_separate_calls() -> None:
+    other = LeasePolicy(visibility_timeout=60, threshold=10.0)
+    short = make_lease("q", task_id="short")
+    long = make_lease("q", received_at=-30, policy=other, task_id="long")
+    book = book_of(short, long)
+
+    batches = book.due_batches(20)
+
+    assert sorted([lease.task_id for lease in leases_of([batch])] for batch in batches) == [
+        ["long"],
+        ["short"],
+    ]
+
+
+# --- the adaptive margin -------------------------------------------------------------------
+
+ADAPTIVE = LeasePolicy(visibility_timeout=30)
+
+
+def test_the_margin_is_the_ceiling_until_a_renewal_was_timed() -> None:
+    margin = AdaptiveMargin(interval=1.0)
+
+    assert margin.seconds(ADAPTIVE, 0) == 10
+    assert margin.seconds(LeasePolicy(visibility_timeout=8), 0) == 4
+
+
+def test_the_margin_is_interval_safety_and_twice_the_slowest_recent_delay() -> None:
+    margin = AdaptiveMargin(interval=1.0)
+    margin.record_delay(0.05, now=100)
+    assert margin.seconds(ADAPTIVE, 100) == pytest.approx(1 + 3 + 0.1)
+
+    margin.record_delay(2.0, now=101)
+    margin.record_delay(0.05, now=102)
+    assert margin.seconds(ADAPTIVE, 102) == pytest.approx(8)
+    # A minute later the slow call is forgotten; the last delay stands alone.
+    assert margin.seconds(ADAPTIVE, 161.5) == pytest.approx(4.1)
+    # With no call for a long time, the last delay is kept.
+    assert margin.seconds(ADAPTIVE, 10_000) == pytest.approx(4.1)
+
+
+def test_the_margin_never_exceeds_half_the_lease_nor_10_seconds() -> None:
+    margin = AdaptiveMargin(interval=1.0)
+    margin.record_delay(30.0, now=0)
+
+    assert margin.seconds(ADAPTIVE, 0) == 10
+    assert margin.seconds(LeasePolicy(visibility_timeout=8), 0) == 4
+
+
+def test_a_failed_renewal_widens_the_margin_to_the_ceiling_for_a_minute() -> None:
+    margin = AdaptiveMargin(interval=1.0)
+    margin.record_delay(0.05, now=0)
+    margin.record_failure(now=10)
+
+    assert margin.seconds(ADAPTIVE, 10) == 10
+    assert margin.seconds(ADAPTIVE, 69.9) == 10
+    assert margin.seconds(ADAPTIVE, 70) == pytest.approx(4.1)
+
+
+def test_a_fixed_threshold_ignores_the_measured_delays() -> None:
+    margin = AdaptiveMargin(interval=1.0)
+    margin.record_delay(5.0, now=0)
+
+    assert margin.seconds(POLICY, 0) == 10
+
+
+def test_leases_already_waiting_come_due_by_the_margin_of_the_moment() -> None:
+    lease = make_lease("q", policy=ADAPTIVE)
+    book = book_of(lease)
+    book.margin.record_delay(0.0, now=0)  # margin 4 s: due at 26
+    assert not book.has_due(25)
+
+    book.margin.record_delay(2.0, now=25)  # margin 8 s: due at 22, so due now
+
+    (batch,) = book.due_batches(25)
+    assert leases_of([batch]) == [lease]

@@ -5,19 +5,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 import pytest
 
 from celery_sqs_heartbeat import manager as manager_module
-from celery_sqs_heartbeat.leases import EntryResult, Lease, LeasePolicy
+from celery_sqs_heartbeat.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.manager import (
+    BATCHES_PER_HOLD,
     SUMMARY_INTERVAL,
     LeaseStatus,
     VisibilityExtensionManager,
     shared_manager,
 )
 from celery_sqs_heartbeat.metrics import LeaseMetrics, process_metrics
+from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT
 
 from .conftest import FakeClock, FakeQueue, make_lease
 
@@ -675,11 +678,11 @@ def test_an_exception_in_check_is_logged_and_the_loop_goes_on(
     real_check = manager.check
     checks: list[int] = []
 
-    def check() -> None:
+    def check(wait: bool = True) -> None:
         checks.append(1)
         if len(checks) > 2:
             raise _StopLoop
-        real_check()
+        real_check()  # waiting for the answers, so the errors are logged by now
 
     monkeypatch.setattr(manager, "check", check)
 
@@ -929,6 +932,56 @@ def test_a_renewal_failing_after_its_lease_ended_is_not_counted_as_a_failure(
     assert current.leases_lost == 0
 
 
+def test_a_renewal_that_loses_the_race_to_a_pending_delete_reports_nothing(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+    lost: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Renewals and deletes are on the wire side by side: the delete may land first."""
+    lease = tracked(counted, queue)
+    lease.message_id = "m-1"
+    clock.now = 20
+    counted.delete(lease, wait=5)
+    queue.answer(lease, EntryResult.LOST, "InvalidParameterValue: message does not exist")
+
+    with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
+        counted.check()
+        clock.now = 25
+        counted.check()
+
+    assert queue.deletes == [[lease]]
+    assert warnings_in(caplog) == []
+    assert lost == []
+    assert counters.snapshot().renewal_failures == {}
+    assert len(counted) == 0
+
+
+def test_a_lease_whose_renewal_and_delete_both_find_it_gone_is_lost_once(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    lost: list[dict[str, Any]],
+) -> None:
+    lease = tracked(counted, queue)
+    lease.message_id = "m-1"
+    clock.now = 20
+    counted.delete(lease, wait=5)
+    queue.answer(lease, EntryResult.LOST, "InvalidParameterValue: message does not exist")
+    queue.delete_default = (EntryResult.LOST, "ReceiptHandleIsInvalid: gone")
+
+    counted.check()
+    clock.now = 25
+    counted.check()
+
+    assert [event["reason"] for event in lost] == [
+        "its delete failed: ReceiptHandleIsInvalid: gone"
+    ]
+    assert len(counted) == 0
+
+
 def test_lost_leases_are_counted_whether_gone_or_run_out(
     counted: VisibilityExtensionManager,
     clock: FakeClock,
@@ -1166,3 +1219,151 @@ def test_an_idle_thread_wakes_for_an_owed_summary_then_sleeps_until_woken(
     assert waits == [0.0, None]
     (summary,) = summaries_in(caplog)
     assert "released=3" in summary
+
+
+# --- renewal calls in chunks and in parallel ----------------------------------------------
+
+
+class _CountingLock:
+    """The manager's lock, noting how many leases the book looked at in each hold."""
+
+    def __init__(self, manager: VisibilityExtensionManager) -> None:
+        self._lock = threading.Lock()
+        self._manager = manager
+        self._looked_at_acquire = 0
+        self.looked_at_per_hold: list[int] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        taken = self._lock.acquire(blocking, timeout)
+        if taken:
+            self._looked_at_acquire = self._manager._book.looked_at
+        return taken
+
+    def release(self) -> None:
+        self.looked_at_per_hold.append(self._manager._book.looked_at - self._looked_at_acquire)
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_check_renewing_a_burst_holds_the_lock_for_a_few_calls_at_a_time(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    for n in range(5000):
+        lease = make_lease(queue, received_at=10 * n / 5000, task_id=f"t{n}")
+        manager.track(lease, INTERVAL)
+    counting = _CountingLock(manager)
+    manager._lock = counting  # type: ignore[assignment]
+    manager._changed = threading.Condition(counting)  # type: ignore[arg-type]
+    manager._call_done = threading.Condition(counting)  # type: ignore[arg-type]
+    clock.now = 30  # 5,000 due
+
+    manager.check()
+
+    assert sum(len(call) for call in queue.calls) == 5000
+    assert max(counting.looked_at_per_hold) <= 2 * BATCHES_PER_HOLD * LOOKS_PER_BATCH
+    assert sum(counting.looked_at_per_hold) >= 5000
+
+
+def test_the_calls_of_one_check_are_on_the_wire_together(
+    manager: VisibilityExtensionManager, clock: FakeClock
+) -> None:
+    together = threading.Barrier(3, timeout=10)  # three calls, or a broken barrier
+
+    class Meeting(FakeQueue):
+        def change_visibility(self, entries: Any) -> Any:
+            together.wait()
+            return super().change_visibility(entries)
+
+    queue = Meeting()
+    for n in range(30):
+        tracked(manager, queue, task_id=f"t{n}")
+    clock.now = 20
+
+    manager.check()
+
+    assert not together.broken
+    assert sorted(len(call) for call in queue.calls) == [10, 10, 10]
+    assert all(lease.renewals == 1 for call in queue.calls for lease, _ in call)
+
+
+def test_no_more_than_the_connection_pool_of_calls_are_on_the_wire_at_once(
+    manager: VisibilityExtensionManager, clock: FakeClock
+) -> None:
+    on_wire = 0
+    most = 0
+    counting = threading.Lock()
+    full = threading.Barrier(MAX_CALLS_IN_FLIGHT, timeout=10)
+
+    class Counted(FakeQueue):
+        def change_visibility(self, entries: Any) -> Any:
+            nonlocal on_wire, most
+            with counting:
+                on_wire += 1
+                most = max(most, on_wire)
+            full.wait()  # every slot is taken before any call comes back
+            with counting:
+                on_wire -= 1
+            return super().change_visibility(entries)
+
+    queue = Counted()
+    for n in range(20 * MAX_CALLS_IN_FLIGHT):
+        tracked(manager, queue, task_id=f"t{n}")
+    clock.now = 20
+
+    manager.check()
+
+    assert most == MAX_CALLS_IN_FLIGHT
+    assert len(queue.calls) == 2 * MAX_CALLS_IN_FLIGHT
+
+
+def test_the_margin_follows_how_long_renewals_take(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    adaptive = LeasePolicy(visibility_timeout=30)
+    first = tracked(manager, queue, policy=adaptive, task_id="first")
+    clock.now = 20  # before any call was timed: the ceiling, 10 s
+    queue.during_call = lambda entries: clock.advance(2.0)  # SQS takes 2 s
+
+    manager.check()
+
+    assert first.expires_at == 50
+    margin = manager._book.margin
+    assert margin.seconds(adaptive, clock.now) == pytest.approx(INTERVAL + 3 + 2 * 2.0)
+
+
+def test_a_failed_renewal_brings_the_margin_back_to_its_ceiling(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    adaptive = LeasePolicy(visibility_timeout=30)
+    tracked(manager, queue, policy=adaptive)
+    clock.now = 20
+    manager.check()
+    assert manager._book.margin.seconds(adaptive, 20) == pytest.approx(4)
+
+    queue.answer_all(EntryResult.TRANSIENT, "ThrottlingException: slow down")
+    clock.now = 47
+    with caplog_quiet():
+        manager.check()
+
+    assert manager._book.margin.seconds(adaptive, 47) == 10
+
+
+def caplog_quiet() -> contextlib.AbstractContextManager[None]:
+    """The failure's one warning is the subject of other tests."""
+    logger = logging.getLogger(MANAGER_LOGGER)
+    level = logger.level
+
+    @contextlib.contextmanager
+    def quiet() -> Any:
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+    return quiet()

@@ -21,7 +21,7 @@ def test_defaults_when_no_option_is_given() -> None:
 
     assert options.visibility_timeout == 30
     assert options.visibility_extension is True
-    assert options.visibility_extension_threshold == 10
+    assert options.visibility_extension_threshold is None  # the adaptive margin
     assert options.visibility_extension_interval == 1
     assert options.visibility_extension_max is None
     assert options.release_delay == (0,)
@@ -34,14 +34,14 @@ def test_defaults_when_no_option_is_given() -> None:
 @pytest.mark.parametrize(
     ("given", "threshold", "interval"),
     [
-        ({"visibility_timeout": 600}, 10, 1),
-        ({"visibility_timeout": 8}, 4, 1),
-        ({"visibility_timeout": 2}, 1, 0.5),
+        ({"visibility_timeout": 600}, None, 1),
+        ({"visibility_timeout": 8}, None, 1),
+        ({"visibility_timeout": 2}, None, 0.5),
         ({"visibility_timeout": 30, "visibility_extension_threshold": 1}, 1, 0.5),
         ({"visibility_timeout": 30, "visibility_extension_threshold": 15}, 15, 1),
     ],
 )
-def test_threshold_defaults_to_half_the_timeout_up_to_10_and_interval_to_half_of_it_up_to_1(
+def test_threshold_is_adaptive_unless_given_and_interval_half_the_margin_ceiling_up_to_1(
     given: dict[str, Any], threshold: float, interval: float
 ) -> None:
     options = parse(**given)
@@ -122,8 +122,13 @@ def test_a_single_release_delay_becomes_a_one_step_schedule() -> None:
             [
                 "visibility_extension_interval=0",
                 "greater than 0",
-                "visibility_extension_threshold (10.0)",
+                "at most 10 (half the visibility_timeout, 10 at most",
+                "visibility_extension_threshold is not set",
             ],
+        ),
+        (
+            {"visibility_timeout": 8, "visibility_extension_interval": 4.5},
+            ["visibility_extension_interval=4.5", "at most 4 (half the visibility_timeout"],
         ),
         (
             {"visibility_extension_threshold": 4, "visibility_extension_interval": 4.5},

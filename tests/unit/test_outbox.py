@@ -64,6 +64,23 @@ def test_ten_waiting_make_a_full_call_at_once_and_the_rest_keep_waiting() -> Non
     assert [list(b.entries) for b in outbox.due_batches(0.5)] == [items[10:]]
 
 
+def test_a_delete_waits_while_its_lease_is_being_renewed() -> None:
+    """Sent meanwhile, it could land first, and SQS would refuse the renewal."""
+    items = deletes("q", 10)
+    items[0].lease.renewing = True
+    outbox = filled(items, due_at=0.5)
+
+    assert outbox.next_due() == 0.5, "nine are not a full call"
+    (batch,) = outbox.due_batches(0.5)
+    assert [item.lease.task_id for item in batch.entries] == [f"t{i}" for i in range(1, 10)]
+    assert outbox.next_due() is None, "nothing to wake for until the renewal is back"
+
+    items[0].lease.renewing = False
+    assert outbox.next_due() == 0.5
+    (batch,) = outbox.due_batches(0.5)
+    assert [item.lease.task_id for item in batch.entries] == ["t0"]
+
+
 def test_calls_are_per_queue_and_per_kind_and_never_above_ten() -> None:
     first = deletes("q1", 23)
     second = deletes("q2", 2, prefix="b")

@@ -17,7 +17,7 @@ from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, Re
 from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.leases import EntryResult, Lease
-from celery_sqs_heartbeat.sqs import SQSQueue, renewal_client
+from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT, SQSQueue, renewal_client
 
 from .conftest import make_lease
 
@@ -255,7 +255,7 @@ def test_a_network_fault_is_transient_never_raised_and_not_retried(
 # --- the renewal client ---------------------------------------------------------------------
 
 
-def test_the_renewal_client_fails_fast_and_keeps_the_source_configuration() -> None:
+def test_the_renewal_client_fails_fast_has_a_connection_per_call_and_keeps_the_rest() -> None:
     source = sqs_client(
         region_name="eu-west-1",
         endpoint_url="http://localhost:9324",
@@ -273,7 +273,8 @@ def test_the_renewal_client_fails_fast_and_keeps_the_source_configuration() -> N
     assert derived.meta.config.connect_timeout == 5
     assert derived.meta.config.read_timeout == 5
     assert derived.meta.config.retries["total_max_attempts"] == 1
-    assert derived.meta.config.max_pool_connections == 3
+    # Room for every renewal call the manager may have on the wire at once.
+    assert derived.meta.config.max_pool_connections == MAX_CALLS_IN_FLIGHT
     assert derived.meta.region_name == "eu-west-1"
     assert derived.meta.endpoint_url == "http://localhost:9324"
 
