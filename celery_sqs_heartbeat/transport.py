@@ -205,6 +205,10 @@ class Channel(SQSChannel):
                     self._patience, self._settle_for_any_room, queue, parked
                 )
                 return
+        self._receive_now(queue)
+
+    def _receive_now(self, queue: str) -> None:
+        """kombu's turn: a receive if the window has any room, else kombu's own wait."""
         try:
             super()._schedule_queue(queue)
         except Exception as exc:
@@ -214,12 +218,16 @@ class Channel(SQSChannel):
 
     def _settle_for_any_room(self, queue: str, parked: int) -> None:
         if self._prefetch_room.settle_for_any_room(queue, parked):
-            self._schedule_queue(queue)
+            self._receive_now(queue)
 
     def prefetch_room_freed(self) -> None:
-        """An ack or reject freed a slot (from the hub, a pool thread or a greenlet)."""
+        """An ack or reject freed a slot (from the hub, a pool thread or a greenlet).
+
+        A woken queue receives at once, not through another turn of the loop, which
+        would park it again when kombu's wait settled it for less than a full call.
+        """
         for queue in self._prefetch_room.freed():
-            self._event_loop.call_soon(self._schedule_queue, queue)
+            self._event_loop.call_soon(self._receive_now, queue)
 
     def _room_worth_a_receive(self, queue: str | None) -> int:
         """A full call's room, except on FIFO queues, which receive one at a time."""
