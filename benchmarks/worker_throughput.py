@@ -835,18 +835,25 @@ def acks_report(
     return "\n".join(parts)
 
 
-def receive_report(runs: Sequence[Run], command: str, elapsed: float, workdir: Path) -> str:
+def receive_report(
+    runs: Sequence[Run],
+    command: str,
+    elapsed: float,
+    workdir: Path,
+    task_seconds: float | None = None,
+) -> str:
     tasks = runs[0].tasks if runs else 0
     per_cell = max(
         collections.Counter((r.latency, r.setup, r.transport) for r in runs).values(), default=0
     )
     shared = {**KOMBU_DEFAULT_OPTIONS, "visibility_timeout": ACK_LEASE}
+    kind = f"{task_seconds:g} s" if task_seconds else "no-op"
     return "\n".join(
         [
-            "## Receive: tasks/s and SQS requests per no-op task at kombu's defaults",
+            f"## Receive: tasks/s and SQS requests per {kind} task at kombu's defaults",
             "",
             environment(command, elapsed),
-            f"- workload: {tasks} no-op tasks per run, published before the worker starts; "
+            f"- workload: {tasks} {kind} tasks per run, published before the worker starts; "
             "one `celery worker` per run, task_acks_late, prefetch multiplier 4; queue "
             f"VisibilityTimeout {ACK_LEASE} s; {per_cell} run(s) per cell, alternated stock, "
             "ours, ours, stock, ...",
@@ -994,6 +1001,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME=JSON",
         help="acks: another side of ours with these options added (repeatable)",
     )
+    parser.add_argument(
+        "--task-seconds",
+        type=float,
+        help="receive: each task sleeps this long instead of doing nothing",
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        help=f"receive: seconds the worker sits idle after the backlog ({RECEIVE_IDLE:g})",
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-long", action="store_true")
     parser.add_argument("--json", type=Path, help="also write every run's raw figures here")
@@ -1086,15 +1103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 setup=setup,
                                 side=side,
                                 lease=ACK_LEASE,
-                                task="noop",
-                                args=(),
+                                task="sleep_for" if args.task_seconds else "noop",
+                                args=(args.task_seconds,) if args.task_seconds else (),
                                 count=tasks,
                                 window=None,
                                 timeout=max(120.0, tasks * 0.5),
                                 latency=latency,
                                 poll=0.05,
                                 base_options=KOMBU_DEFAULT_OPTIONS,
-                                idle=2.0 if args.smoke else RECEIVE_IDLE,
+                                idle=args.idle or (2.0 if args.smoke else RECEIVE_IDLE),
                             )
                             runs.append(run)
                             _progress_line(run)
@@ -1122,7 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sections.append(acks_report(acks, sides, command, elapsed, workdir))
     receive = [r for r in runs if r.scenario == "receive"]
     if receive:
-        sections.append(receive_report(receive, command, elapsed, workdir))
+        sections.append(receive_report(receive, command, elapsed, workdir, args.task_seconds))
     report = "\n\n".join(sections)
     print(report)
     if args.markdown:

@@ -42,13 +42,14 @@ def _benchmark_module() -> ModuleType:
     return module
 
 
-@pytest.mark.integration
-def test_smoke_run_compares_both_transports(tmp_path: Path) -> None:
-    report = tmp_path / "acks.md"
+def _smoke_report(tmp_path: Path, *scenario: str) -> tuple[str, str]:
+    """Run the script at smoke size; its markdown report and what it printed."""
+    report = tmp_path / "report.md"
     done = subprocess.run(
         [
             sys.executable,
             str(SCRIPT),
+            *scenario,
             "--smoke",
             "--markdown",
             str(report),
@@ -62,46 +63,23 @@ def test_smoke_run_compares_both_transports(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    table = report.read_text()
-    assert table.strip() in done.stdout
+    return report.read_text(), done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("scenario", [(), ("--scenario", "receive")], ids=["acks", "receive"])
+def test_smoke_run_compares_both_transports(tmp_path: Path, scenario: tuple[str, ...]) -> None:
+    table, printed = _smoke_report(tmp_path, *scenario)
+    assert table.strip() in printed
     for transport in ("stock", "ours"):
         row = re.search(rf"^\| 0 ms \| threads -c 8 \| {transport} \| 1 \| (\S+) ", table, re.M)
         assert row, f"no row for {transport} in:\n{table}"
         float(row.group(1))  # tasks/s, i.e. every message was deleted
+        if scenario:
+            idle = re.search(rf"^\| 0 ms \| threads -c 8 \| {transport} \| (\S+) \|", table, re.M)
+            assert idle, f"no idle row for {transport} in:\n{table}"
+            float(idle.group(1))  # ReceiveMessage calls per minute while idle
     assert "**NO**" not in table and "VIOLATIONS" not in table
-
-
-@pytest.mark.integration
-def test_smoke_run_of_the_receive_scenario_compares_both_transports(tmp_path: Path) -> None:
-    report = tmp_path / "receive.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--scenario",
-            "receive",
-            "--smoke",
-            "--markdown",
-            str(report),
-            "--workdir",
-            str(tmp_path / "work"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    table = report.read_text()
-    for transport in ("stock", "ours"):
-        row = re.search(rf"^\| 0 ms \| threads -c 8 \| {transport} \| 1 \| (\S+) ", table, re.M)
-        assert row, f"no row for {transport} in:\n{table}"
-        float(row.group(1))
-        idle = re.search(rf"^\| 0 ms \| threads -c 8 \| {transport} \| (\S+) \|", table, re.M)
-        assert idle, f"no idle row for {transport} in:\n{table}"
-        float(idle.group(1))
-    assert "**NO**" not in table
 
 
 def test_batched_deletes_count_as_deletes(sqs_server: StrictSQSServer) -> None:
