@@ -337,15 +337,8 @@ class VisibilityExtensionManager:
             if any(outcome is EntryResult.TRANSIENT for outcome, _ in results.values()):
                 self._book.margin.record_failure(now)
             settlement = self._book.settle(batch, results, now)
-            # Renewals and deletes are on the wire side by side: a renewal that finds the
-            # message gone while its delete is pending most likely lost the race to that
-            # delete. The delete's answer ends the lease, or reports it lost if it fails.
-            deleting = {lease for lease, _ in batch.entries if self._outbox.deleting(lease)}
-            settlement.lost = [
-                (lease, why) for lease, why in settlement.lost if lease not in deleting
-            ]
             self._count_held()
-            self._count_failures(batch, results, deleting)
+            self._count_failures(batch, results)
             for release in settlement.releases:
                 self._outbox.add(
                     Outgoing(release.lease, Request.RELEASE, release.delay, release.reason), now
@@ -475,12 +468,9 @@ class VisibilityExtensionManager:
             self._metrics.record_renewal_margin(lease.expires_at - batch.sent_at)
 
     def _count_failures(
-        self,
-        batch: RenewalBatch,
-        results: Mapping[Lease, tuple[EntryResult, str]],
-        deleting: set[Lease],
+        self, batch: RenewalBatch, results: Mapping[Lease, tuple[EntryResult, str]]
     ) -> None:
-        """Count failed entries by error code, except for leases acked or ended meanwhile.
+        """Count failed entries by error code, except for leases that ended meanwhile.
 
         A renewal that lands just after the ack deleted its message fails: that is the
         expected end of a race, not a problem an operator should see counted. The caller
@@ -488,7 +478,7 @@ class VisibilityExtensionManager:
         """
         for lease, _ in batch.entries:
             outcome, reason = results.get(lease, (EntryResult.TRANSIENT, "no answer"))
-            if outcome is not EntryResult.OK and not lease.ended and lease not in deleting:
+            if outcome is not EntryResult.OK and not lease.ended:
                 self._metrics.record_renewal_failure(failure_code(reason))
 
     def _report(self, queue: LeaseQueue, settlement: Settlement) -> None:

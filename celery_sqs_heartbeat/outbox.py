@@ -118,11 +118,6 @@ class Outbox:
         replaced, item.lease = item.lease, lease
         return replaced
 
-    def deleting(self, lease: Lease) -> bool:
-        """Whether a delete of ``lease`` waits or is on the wire."""
-        item = self._deletes.get(lease.message_id or "")
-        return item is not None and item.lease is lease
-
     def next_due(self, flushing: bool = False) -> float | None:
         """When the next call is owed, if anything waits; a full batch is owed now.
 

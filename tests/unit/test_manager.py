@@ -932,54 +932,30 @@ def test_a_renewal_failing_after_its_lease_ended_is_not_counted_as_a_failure(
     assert current.leases_lost == 0
 
 
-def test_a_renewal_that_loses_the_race_to_a_pending_delete_reports_nothing(
-    counted: VisibilityExtensionManager,
-    clock: FakeClock,
-    queue: FakeQueue,
-    counters: LeaseMetrics,
-    lost: list[dict[str, Any]],
-    caplog: pytest.LogCaptureFixture,
+def test_an_ack_during_a_renewal_is_deleted_only_when_the_renewal_is_back(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
 ) -> None:
-    """Renewals and deletes are on the wire side by side: the delete may land first."""
-    lease = tracked(counted, queue)
-    lease.message_id = "m-1"
+    """Renewals go out on threads of their own: a delete sent meanwhile could land first."""
+    lease = tracked(manager, queue)
+    on_the_wire, answer = threading.Event(), threading.Event()
+
+    def ack_meanwhile(entries: Any) -> None:
+        manager.delete(lease, wait=0)
+        on_the_wire.set()
+        assert answer.wait(10)
+
+    queue.during_call = ack_meanwhile
     clock.now = 20
-    counted.delete(lease, wait=5)
-    queue.answer(lease, EntryResult.LOST, "InvalidParameterValue: message does not exist")
+    manager.check(wait=False)
+    assert on_the_wire.wait(10)
 
-    with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
-        counted.check()
-        clock.now = 25
-        counted.check()
+    manager.check(wait=False)  # the thread's next turn: the delete is due, but held
+    assert queue.deletes == []
 
+    answer.set()
+    manager.check()
     assert queue.deletes == [[lease]]
-    assert warnings_in(caplog) == []
-    assert lost == []
-    assert counters.snapshot().renewal_failures == {}
-    assert len(counted) == 0
-
-
-def test_a_lease_whose_renewal_and_delete_both_find_it_gone_is_lost_once(
-    counted: VisibilityExtensionManager,
-    clock: FakeClock,
-    queue: FakeQueue,
-    lost: list[dict[str, Any]],
-) -> None:
-    lease = tracked(counted, queue)
-    lease.message_id = "m-1"
-    clock.now = 20
-    counted.delete(lease, wait=5)
-    queue.answer(lease, EntryResult.LOST, "InvalidParameterValue: message does not exist")
-    queue.delete_default = (EntryResult.LOST, "ReceiptHandleIsInvalid: gone")
-
-    counted.check()
-    clock.now = 25
-    counted.check()
-
-    assert [event["reason"] for event in lost] == [
-        "its delete failed: ReceiptHandleIsInvalid: gone"
-    ]
-    assert len(counted) == 0
+    assert len(manager) == 0
 
 
 def test_lost_leases_are_counted_whether_gone_or_run_out(
