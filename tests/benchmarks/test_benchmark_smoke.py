@@ -6,7 +6,7 @@ Nothing here is timed: the smoke run's figures depend on the machine.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 import subprocess
 import sys
@@ -22,24 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "worker_throughput.py"
 
 
-def _benchmark_module() -> ModuleType:
-    """The script is not in a package, so it is loaded from its file.
-
-    It is registered in ``sys.modules`` first: its dataclasses look their module up there.
-    """
-    name = "worker_throughput"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+def _runner_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The benchmarks are scripts, not a package: their modules import each other from
+    their own folder, as they do when the script runs."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    return importlib.import_module("bench_workers")
 
 
 def _smoke_report(tmp_path: Path, *scenario: str) -> tuple[str, str]:
@@ -82,9 +69,11 @@ def test_smoke_run_compares_both_transports(tmp_path: Path, scenario: tuple[str,
     assert "**NO**" not in table and "VIOLATIONS" not in table
 
 
-def test_batched_deletes_count_as_deletes(sqs_server: StrictSQSServer) -> None:
+def test_batched_deletes_count_as_deletes(
+    sqs_server: StrictSQSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The run ends at the last message's delete, however the transport sends deletes."""
-    bench = _benchmark_module()
+    bench = _runner_module(monkeypatch)
     sqs = boto3.client("sqs", **sqs_server.boto3_kwargs)
     queue = "bench-batched-deletes"
     url = sqs.create_queue(QueueName=queue)["QueueUrl"]
@@ -107,4 +96,4 @@ def test_batched_deletes_count_as_deletes(sqs_server: StrictSQSServer) -> None:
 
     assert deleted == 3
     assert 0 < first_receive <= last_delete
-    assert bench._deletes_arrived(calls, entries) == 3
+    assert bench.deletes_arrived(calls, entries) == 3
