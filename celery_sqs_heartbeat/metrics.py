@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .sqs_facts import error_code
+
 __all__ = [
     "MARGIN_BUCKETS",
     "LeaseMetrics",
@@ -49,13 +51,13 @@ def failure_code(reason: str) -> str:
 
     The SQS layer words a failed entry as ``"Code: message"`` (an SQS error answer) or
     as the ``repr`` of a network error (``"ReadTimeoutError('...')"``); the counters
-    keep the code or the exception name, without SQS's ``AWS.SimpleQueueService.``
-    prefix, and never the message, so they stay few.
+    keep the code (as :func:`~celery_sqs_heartbeat.sqs_facts.error_code` shows it) or
+    the exception name, and never the message, so they stay few.
     """
     match = _CODE_AT_START.match(reason)
     if match is None:
         return "NoAnswer" if reason.strip().lower() == "no answer" else "Unknown"
-    return match.group(1).rsplit(".", 1)[-1]
+    return error_code(match.group(1))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import Any
 
 from celery.utils.log import get_logger
 
-from .leases import MARGIN_CEILING, SQS_MAX_HOLD_SECONDS
+from .leases import MARGIN_CEILING
+from .sqs_facts import SQS_MAX_HOLD_SECONDS
 
 logger = get_logger(__name__)
 
@@ -111,8 +112,8 @@ class HeartbeatOptions:
             return base
         if visibility_timeout < 2:
             raise InvalidTransportOption(
-                f"visibility_timeout={visibility_timeout!r}: renewing leases needs at least "
-                "2 seconds (allowed: 2 to 43200 while visibility_extension is on)"
+                f"visibility_timeout={visibility_timeout!r}: renewing leases needs at least 2 "
+                f"seconds (allowed: 2 to {SQS_MAX_HOLD_SECONDS} while visibility_extension is on)"
             )
         threshold = _threshold(options, visibility_timeout)
         interval = _interval(options, visibility_timeout, threshold)

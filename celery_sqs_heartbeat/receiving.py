@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from .compat import DoesNotExistQueueException, UndefinedQueueException
+from .sqs_facts import FATAL_CODES, canonical_code, error_code
 
 __all__ = [
     "NO_ANSWER",
@@ -25,31 +26,6 @@ __all__ = [
     "Recovery",
     "classify_receive_error",
 ]
-
-#: Answers that no retry can change: the worker's identity, permissions or queue are
-#: wrong. Codes are compared without SQS's ``AWS.SimpleQueueService.`` prefix.
-FATAL_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AccessDeniedException",
-        "InvalidClientTokenId",
-        "UnrecognizedClientException",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "MissingAuthenticationToken",
-        "InvalidSecurity",
-        "InvalidAddress",
-        "OptInRequired",
-        "NonExistentQueue",
-        "QueueDoesNotExist",
-        "KmsAccessDenied",
-        "KmsDisabled",
-        "KmsInvalidKeyUsage",
-        "KmsInvalidState",
-        "KmsNotFound",
-        "KmsOptInRequired",
-    }
-)
 
 #: The first retry waits about this long; each failure in a row doubles it.
 RECEIVE_RETRY_BASE = 0.25
@@ -89,8 +65,8 @@ def classify_receive_error(error: BaseException) -> ReceiveFailure:
     """What an exception raised while receiving means for the worker."""
     if isinstance(error, ClientError):
         details = error.response.get("Error", {})
-        code = _bare_code(str(details.get("Code") or "Unknown"))
-        return ReceiveFailure(code, str(details.get("Message") or ""), code in FATAL_CODES)
+        code = error_code(details.get("Code"))
+        return ReceiveFailure(code, str(details.get("Message") or ""), _fatal(code))
     queue_missing = _kombu_queue_missing_code(error)
     if queue_missing:
         return ReceiveFailure(queue_missing, str(error), fatal=True)
@@ -98,15 +74,15 @@ def classify_receive_error(error: BaseException) -> ReceiveFailure:
     status = _HTTP_STATUS.search(text)
     if status:
         found = _QUERY_CODE.search(text) or _JSON_CODE.search(text)
-        code = _bare_code(found.group(1)) if found else f"HTTP {status.group(1)}"
+        code = error_code(found.group(1)) if found else f"HTTP {status.group(1)}"
         said = _QUERY_MESSAGE.search(text) or _JSON_MESSAGE.search(text)
         detail = said.group(1) if said else f"HTTP {status.group(1)}"
-        return ReceiveFailure(code, detail, code in FATAL_CODES)
+        return ReceiveFailure(code, detail, _fatal(code))
     return ReceiveFailure(type(error).__name__, text, fatal=False)
 
 
-def _bare_code(code: str) -> str:
-    return code.rsplit("#", 1)[-1].rsplit(".", 1)[-1]
+def _fatal(code: str) -> bool:
+    return canonical_code(code) in FATAL_CODES
 
 
 def _kombu_queue_missing_code(error: BaseException) -> str | None:

@@ -17,16 +17,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .leases import EntryResult, Lease
+from .sqs_facts import LOST_LEASE_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
 
 __all__ = ["MAX_CALLS_IN_FLIGHT", "SQSQueue", "renewal_client"]
-
-#: Codes that mean the receipt handle no longer holds the message. SQS prefixes some of
-#: them with ``AWS.SimpleQueueService.`` depending on the protocol; that is stripped.
-LOST_LEASE_CODES = frozenset(
-    {"MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue"}
-)
-#: Whole-call codes after which none of the queue's leases can be renewed again.
-LOST_QUEUE_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
 
 #: How much of a receipt handle a log line may show.
 HANDLE_PREFIX = 8
@@ -115,8 +108,9 @@ class SQSQueue:
             client = renewal_client(self._client_source())
             response = getattr(client, operation)(QueueUrl=self.url, Entries=request)
         except ClientError as exc:
-            code = _error_code(exc.response.get("Error", {}).get("Code"))
-            kind = EntryResult.LOST if code in LOST_QUEUE_CODES else EntryResult.TRANSIENT
+            code = error_code(exc.response.get("Error", {}).get("Code"))
+            # None of the queue's leases can be renewed again once the queue is gone.
+            kind = _kind(code, lost=QUEUE_MISSING_CODES)
             return dict.fromkeys(leases, (kind, without_receipt_handles(f"{code}: {exc}", leases)))
         except (BotoCoreError, OSError) as exc:
             return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
@@ -130,8 +124,8 @@ def _entry_results(
     for ok in response.get("Successful", []):
         results[leases[int(ok["Id"])]] = (EntryResult.OK, "")
     for failed in response.get("Failed", []):
-        code = _error_code(failed.get("Code"))
-        kind = EntryResult.LOST if code in LOST_LEASE_CODES else EntryResult.TRANSIENT
+        code = error_code(failed.get("Code"))
+        kind = _kind(code, lost=LOST_LEASE_CODES)
         lease = leases[int(failed["Id"])]
         detail = without_receipt_handles(f"{code}: {failed.get('Message', '')}", [lease])
         results[lease] = (kind, detail)
@@ -152,5 +146,5 @@ def without_receipt_handles(text: str, leases: Sequence[Lease]) -> str:
     return text
 
 
-def _error_code(code: str | None) -> str:
-    return (code or "Unknown").rsplit(".", 1)[-1]
+def _kind(code: str, lost: frozenset[str]) -> EntryResult:
+    return EntryResult.LOST if canonical_code(code) in lost else EntryResult.TRANSIENT

@@ -302,6 +302,8 @@ def test_the_summary_before_any_renewal_says_there_is_no_margin_yet(
         ("ThrottlingException: Rate exceeded", "ThrottlingException"),
         ("MessageNotInflight: The specified message isn't in flight.", "MessageNotInflight"),
         ("AWS.SimpleQueueService.MessageNotInflight: gone", "MessageNotInflight"),
+        # Counted as it came: the suffix is dropped only to compare codes.
+        ("InvalidParameterValueException: gone", "InvalidParameterValueException"),
         ("ReadTimeoutError('Read timeout on endpoint URL: \"https://x\"')", "ReadTimeoutError"),
         ("ConnectionResetError(104, 'Connection reset by peer')", "ConnectionResetError"),
         ("RuntimeError('bug in the queue')", "RuntimeError"),

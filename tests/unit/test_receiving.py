@@ -88,6 +88,16 @@ def test_kombu_async_error_text_in_the_json_protocol_gives_the_code() -> None:
     assert failure.detail == "Rate exceeded"
 
 
+def test_kombu_async_error_text_from_aws_front_end_gives_the_code() -> None:
+    error = Exception(
+        "Request HTTP Error  HTTP 400  Bad Request (b'{\"__type\": "
+        '"com.amazon.coral.service#UnrecognizedClientException", '
+        "\"message\": \"The security token included in the request is invalid.\"}')"
+    )
+    failure = classify_receive_error(error)
+    assert (failure.code, failure.fatal) == ("UnrecognizedClientException", True)
+
+
 def test_kombu_async_error_without_a_code_is_named_by_its_status() -> None:
     failure = classify_receive_error(Exception("Request Empty body  HTTP 403  Forbidden (b'')"))
     assert (failure.code, failure.fatal) == ("HTTP 403", False)

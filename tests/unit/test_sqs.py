@@ -118,6 +118,8 @@ def test_ten_entries_go_out_in_one_call_with_ids_0_to_9_and_their_own_lengths(
         "ReceiptHandleIsInvalid",
         "InvalidParameterValue",
         "AWS.SimpleQueueService.MessageNotInflight",
+        # LocalStack's answer for a message that was deleted.
+        "InvalidParameterValueException",
     ],
 )
 def test_an_entry_failing_because_the_handle_is_gone_is_lost(
@@ -141,7 +143,9 @@ def test_an_entry_failing_because_the_handle_is_gone_is_lost(
     assert f"{code} happened" in reason
 
 
-@pytest.mark.parametrize("code", ["InternalError", "ServiceUnavailable", "Throttling"])
+@pytest.mark.parametrize(
+    "code", ["InternalError", "ServiceUnavailable", "Throttling", "ThrottlingException"]
+)
 def test_an_entry_failing_for_another_reason_is_transient(
     stub: Stubber, sqs_queue: SQSQueue, code: str
 ) -> None:

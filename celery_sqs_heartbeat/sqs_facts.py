@@ -1,0 +1,110 @@
+"""What SQS decides, not this package: its limits, what its error codes mean, FIFO names.
+
+Written once, here, because copies drift: the queue-missing codes were listed twice and
+the prefix of SQS's codes stripped three times, and when LocalStack answered a deleted
+message with ``InvalidParameterValueException`` instead of SQS's
+``InvalidParameterValue``, the renewals took it for a passing fault and retried it for
+a whole lease before reporting the lease lost. Pure, no I/O, nothing else imported.
+
+An error code in none of the families below is *transient*: worth asking again. That is
+the safe reading of a code this module does not know, since a retry costs one call,
+while a lease taken for lost lets SQS hand its running task to another worker.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FATAL_CODES",
+    "LOST_LEASE_CODES",
+    "QUEUE_MISSING_CODES",
+    "SQS_BATCH_SIZE",
+    "SQS_MAX_HOLD_SECONDS",
+    "SQS_MAX_IN_FLIGHT",
+    "SQS_MAX_MESSAGES",
+    "canonical_code",
+    "error_code",
+    "is_fifo",
+]
+
+#: ChangeMessageVisibilityBatch and DeleteMessageBatch take at most ten entries; SQS
+#: refuses a longer call whole (``TooManyEntriesInBatchRequest``), so callers cut them.
+SQS_BATCH_SIZE = 10
+
+#: ReceiveMessage returns at most ten messages (``MaxNumberOfMessages`` is 1 to 10).
+SQS_MAX_MESSAGES = 10
+
+#: SQS never keeps a message invisible for longer than 12 hours after one receive: a
+#: visibility timeout above this is refused, and renewals cannot push past it either.
+SQS_MAX_HOLD_SECONDS = 43_200
+
+#: Messages a standard queue may have in flight (received, neither deleted nor visible
+#: again); past it ReceiveMessage answers ``OverLimit``. One worker may hold them all, so
+#: it is the number of leases the book and the renewal thread are sized for.
+SQS_MAX_IN_FLIGHT = 120_000
+
+#: Per-entry codes saying the receipt handle no longer holds the message: it was
+#: deleted, received again, or its visibility ran out (SQS words an expired handle as
+#: ``InvalidParameterValue``). Asking again cannot help.
+LOST_LEASE_CODES = frozenset(
+    {"MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue"}
+)
+
+#: Whole-call codes saying the queue is gone: ``NonExistentQueue`` in the query protocol
+#: (and the JSON protocol's query-compatible header), ``QueueDoesNotExist`` as the JSON
+#: protocol's ``__type`` and boto3's exception name.
+QUEUE_MISSING_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+
+#: Answers that no retry of a receive can change: the worker's identity, permissions or
+#: queue are wrong, and retrying would only hide the mistake.
+FATAL_CODES = QUEUE_MISSING_CODES | frozenset(
+    {
+        "AccessDenied",
+        "InvalidClientTokenId",
+        "UnrecognizedClient",
+        "SignatureDoesNotMatch",
+        "IncompleteSignature",
+        "MissingAuthenticationToken",
+        "InvalidSecurity",
+        "InvalidAddress",
+        "OptInRequired",
+        "KmsAccessDenied",
+        "KmsDisabled",
+        "KmsInvalidKeyUsage",
+        "KmsInvalidState",
+        "KmsNotFound",
+        "KmsOptInRequired",
+    }
+)
+
+
+def error_code(raw: str | None) -> str:
+    """The code as logs and counters show it: without the wrapping its protocol adds.
+
+    The query protocol, and the header botocore reads in the JSON protocol, write
+    ``AWS.SimpleQueueService.NonExistentQueue``; a JSON body (which kombu's asynchronous
+    client hands over raw) writes ``com.amazonaws.sqs#QueueDoesNotExist``, or
+    ``com.amazon.coral.service#UnrecognizedClientException`` for AWS's front end. The
+    name after the last ``#`` or ``.`` is the same code in every one of them.
+    """
+    return (raw or "Unknown").rsplit("#", 1)[-1].rsplit(".", 1)[-1]
+
+
+def canonical_code(raw: str | None) -> str:
+    """The code as the families above write it: :func:`error_code` less an ``Exception``.
+
+    The same answer comes with and without the suffix: ``AccessDeniedException`` in
+    AWS's JSON protocol is ``AccessDenied`` in the query protocol, and LocalStack's
+    ``InvalidParameterValueException`` is SQS's ``InvalidParameterValue``. No code of
+    SQS's model differs from another by the suffix alone, so the strip merges nothing
+    else. Only for comparing: logs and counters keep the code as it came.
+    """
+    return error_code(raw).removesuffix("Exception")
+
+
+def is_fifo(queue_name: str) -> bool:
+    """Whether the queue keeps its message groups in order.
+
+    SQS requires a FIFO queue's name to end in ``.fifo`` and allows no dot in any other
+    queue's name, so the name tells without a GetQueueAttributes call.
+    """
+    return queue_name.endswith(".fifo")
