@@ -15,21 +15,27 @@ manager: the parent's leases and counts are not the child's.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields, replace
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
 from .sqs_facts import error_code
 
 __all__ = [
+    "LISTED_METRICS",
     "MARGIN_BUCKETS",
+    "METRICS",
     "LeaseMetrics",
     "MarginHistogram",
+    "Metric",
+    "MetricKind",
     "MetricsSnapshot",
     "failure_code",
     "process_metrics",
@@ -58,6 +64,45 @@ def failure_code(reason: str) -> str:
     if match is None:
         return "NoAnswer" if reason.strip().lower() == "no answer" else "Unknown"
     return error_code(match.group(1))
+
+
+class MetricKind(Enum):
+    """What a counter is, which says how each view shows it."""
+
+    #: A level that goes up and down: shown as its value.
+    GAUGE = "gauge"
+    #: A count since the process started.
+    COUNTER = "counter"
+    #: Counts by error code: their total, then each code's.
+    BY_CODE = "by code"
+    #: The renewal margins: count, sum, min, max and buckets.
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One counter of :class:`MetricsSnapshot`, as the summary line and Prometheus show it."""
+
+    #: The snapshot's attribute, and the key in :meth:`MetricsSnapshot.as_dict`.
+    name: str
+    kind: MetricKind
+    #: Prometheus's HELP text.
+    description: str
+    #: The name in the DEBUG summary line, short where the line would grow long.
+    summary_name: str
+    #: The name after :data:`~celery_sqs_heartbeat.prometheus.METRIC_PREFIX`; a counter's
+    #: gets ``_total`` from prometheus-client.
+    prometheus_name: str
+
+
+def _shown(
+    kind: MetricKind, description: str, summary_name: str = "", prometheus_name: str = ""
+) -> dict[str, Metric]:
+    """The metadata that makes a :class:`MetricsSnapshot` field a :class:`Metric`.
+
+    The field's own name completes it (:data:`METRICS`), so each counter is written once.
+    """
+    return {"metric": Metric("", kind, description, summary_name, prometheus_name)}
 
 
 @dataclass(frozen=True)
@@ -97,37 +142,96 @@ class MarginHistogram:
             "buckets": dict(self.labelled_buckets()),
         }
 
+    def summary(self) -> str:
+        """The margins in a few words: what an operator tuning the threshold looks for."""
+        median = self.quantile_bound(0.5)
+        if self.min is None or self.max is None or median is None:
+            return "none"
+        return f"min={self.min:.2f} median<={median:.2f} max={self.max:.2f}"
+
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """The process's lease counters at one moment; counts are since the process started.
 
-    Read-only throughout, mappings included, so it can be handed to any thread.
+    Read-only throughout, mappings included, so it can be handed to any thread. Each
+    field declares its counter for every view (:data:`METRICS`); the delete counters
+    have defaults because they came later than the others.
     """
 
-    #: Leases the process is renewing now.
-    leases_held: int
-    #: ChangeMessageVisibilityBatch calls made to renew leases, and their entries.
-    renewal_calls: int
-    renewal_entries: int
-    #: Renewal entries that failed, by error code (``ThrottlingException``,
-    #: ``MessageNotInflight``, ``ReadTimeoutError``, ...).
-    renewal_failures: Mapping[str, int]
-    #: Leases given up while their task was pending: SQS may deliver them again.
-    leases_lost: int
-    #: Messages made visible again on purpose (reject, requeue, shutdown), as confirmed.
-    messages_released: int
-    #: Failed ReceiveMessage calls, by error code.
-    receive_errors: Mapping[str, int]
-    renewal_margin: MarginHistogram
-    #: Acked messages whose delete SQS has not confirmed yet (their leases are held).
-    deletes_pending: int = 0
-    #: DeleteMessageBatch calls, and the deletes SQS confirmed.
-    delete_calls: int = 0
-    messages_deleted: int = 0
-    #: Delete entries that failed, by error code, and those of them tried again.
-    delete_failures: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    deletes_retried: int = 0
+    leases_held: int = field(
+        metadata=_shown(
+            MetricKind.GAUGE, "SQS leases this process is renewing now.", summary_name="held"
+        )
+    )
+    renewal_calls: int = field(
+        metadata=_shown(
+            MetricKind.COUNTER, "ChangeMessageVisibilityBatch calls made to renew leases."
+        )
+    )
+    renewal_entries: int = field(
+        metadata=_shown(MetricKind.COUNTER, "Lease renewals sent (entries of the renewal calls).")
+    )
+    renewal_failures: Mapping[str, int] = field(
+        metadata=_shown(
+            MetricKind.BY_CODE, "Lease renewals that failed, by SQS error code or network error."
+        )
+    )
+    leases_lost: int = field(
+        metadata=_shown(
+            MetricKind.COUNTER,
+            "Leases lost while their task was pending: SQS may deliver those messages again.",
+            summary_name="lost",
+        )
+    )
+    messages_released: int = field(
+        metadata=_shown(
+            MetricKind.COUNTER,
+            "Messages made visible again on reject, requeue or shutdown.",
+            summary_name="released",
+        )
+    )
+    receive_errors: Mapping[str, int] = field(
+        metadata=_shown(
+            MetricKind.BY_CODE, "Failed ReceiveMessage calls, by SQS error code or network error."
+        )
+    )
+    renewal_margin: MarginHistogram = field(
+        metadata=_shown(
+            MetricKind.HISTOGRAM,
+            "Seconds a lease still had when its renewal was sent; near 0 means renewals "
+            "are late (tune visibility_extension_threshold).",
+            summary_name="margin_seconds",
+            prometheus_name="renewal_margin_seconds",
+        )
+    )
+    deletes_pending: int = field(
+        default=0,
+        metadata=_shown(
+            MetricKind.GAUGE,
+            "Acked messages whose delete SQS has not confirmed yet; their leases are held.",
+        ),
+    )
+    delete_calls: int = field(
+        default=0,
+        metadata=_shown(MetricKind.COUNTER, "DeleteMessageBatch calls made for acked messages."),
+    )
+    messages_deleted: int = field(
+        default=0,
+        metadata=_shown(
+            MetricKind.COUNTER, "Acked messages whose delete SQS confirmed.", summary_name="deleted"
+        ),
+    )
+    delete_failures: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata=_shown(
+            MetricKind.BY_CODE, "Deletes that failed, by SQS error code or network error."
+        ),
+    )
+    deletes_retried: int = field(
+        default=0,
+        metadata=_shown(MetricKind.COUNTER, "Failed deletes tried again while their lease held."),
+    )
 
     @property
     def renewal_failures_total(self) -> int:
@@ -143,172 +247,162 @@ class MetricsSnapshot:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable data, e.g. for a remote-control reply."""
-        return {
-            "leases_held": self.leases_held,
-            "renewal_calls": self.renewal_calls,
-            "renewal_entries": self.renewal_entries,
-            "renewal_failures": dict(self.renewal_failures),
-            "leases_lost": self.leases_lost,
-            "messages_released": self.messages_released,
-            "receive_errors": dict(self.receive_errors),
-            "renewal_margin": self.renewal_margin.as_dict(),
-            "deletes_pending": self.deletes_pending,
-            "delete_calls": self.delete_calls,
-            "messages_deleted": self.messages_deleted,
-            "delete_failures": dict(self.delete_failures),
-            "deletes_retried": self.deletes_retried,
-        }
+        data: dict[str, Any] = {}
+        for metric in METRICS:
+            value = getattr(self, metric.name)
+            if metric.kind is MetricKind.BY_CODE:
+                value = dict(value)
+            elif metric.kind is MetricKind.HISTOGRAM:
+                value = value.as_dict()
+            data[metric.name] = value
+        return data
 
     def summary(self) -> str:
         """One log line with everything an operator scans for, as ``name=value`` pairs."""
-        margin = self.renewal_margin
-        median = margin.quantile_bound(0.5)
-        if margin.min is not None and margin.max is not None and median is not None:
-            margin_text = (
-                f"margin_seconds min={margin.min:.2f} median<={median:.2f} max={margin.max:.2f}"
-            )
-        else:
-            margin_text = "margin_seconds none"
-        return (
-            f"SQS lease summary: held={self.leases_held} "
-            f"renewal_calls={self.renewal_calls} renewal_entries={self.renewal_entries} "
-            f"renewal_failures={self.renewal_failures_total}{_by_code(self.renewal_failures)} "
-            f"lost={self.leases_lost} released={self.messages_released} "
-            f"receive_errors={self.receive_errors_total}{_by_code(self.receive_errors)} "
-            f"deletes_pending={self.deletes_pending} delete_calls={self.delete_calls} "
-            f"deleted={self.messages_deleted} "
-            f"delete_failures={self.delete_failures_total}{_by_code(self.delete_failures)} "
-            f"deletes_retried={self.deletes_retried} "
-            f"{margin_text} (counts since the process started)"
-        )
+        parts = []
+        for metric in LISTED_METRICS:
+            value = getattr(self, metric.name)
+            if metric.kind is MetricKind.BY_CODE:
+                parts.append(f"{metric.summary_name}={sum(value.values())}{_by_code(value)}")
+            elif metric.kind is MetricKind.HISTOGRAM:
+                parts.append(f"{metric.summary_name} {value.summary()}")
+            else:
+                parts.append(f"{metric.summary_name}={value}")
+        return f"SQS lease summary: {' '.join(parts)} (counts since the process started)"
 
 
-@dataclass
-class _Counts:
-    leases_held: int = 0
-    renewal_calls: int = 0
-    renewal_entries: int = 0
-    renewal_failures: dict[str, int] = field(default_factory=dict)
-    leases_lost: int = 0
-    messages_released: int = 0
-    receive_errors: dict[str, int] = field(default_factory=dict)
-    margin_buckets: list[int] = field(default_factory=lambda: [0] * len(MARGIN_BUCKETS))
-    margin_count: int = 0
-    margin_sum: float = 0.0
-    margin_min: float | None = None
-    margin_max: float | None = None
-    deletes_pending: int = 0
-    delete_calls: int = 0
-    messages_deleted: int = 0
-    delete_failures: dict[str, int] = field(default_factory=dict)
-    deletes_retried: int = 0
+def _metric(declared: Field[Any]) -> Metric:
+    shown: Metric = declared.metadata["metric"]
+    return replace(
+        shown,
+        name=declared.name,
+        summary_name=shown.summary_name or declared.name,
+        prometheus_name=shown.prometheus_name or declared.name,
+    )
+
+
+#: Every counter, in the snapshot's order, which :meth:`MetricsSnapshot.as_dict` keeps.
+METRICS: tuple[Metric, ...] = tuple(_metric(declared) for declared in fields(MetricsSnapshot))
+#: The order of the summary line and of the Prometheus page: the margin histogram, the
+#: longest to read, last.
+LISTED_METRICS: tuple[Metric, ...] = tuple(
+    sorted(METRICS, key=lambda metric: metric.kind is MetricKind.HISTOGRAM)
+)
+
+
+class _Margins:
+    """The renewal margins as they are recorded: per bucket, not yet cumulative."""
+
+    def __init__(self) -> None:
+        self.in_bucket = [0] * len(MARGIN_BUCKETS)
+        self.count = 0
+        self.sum = 0.0
+        self.min: float | None = None
+        self.max: float | None = None
+
+    def add(self, seconds: float) -> None:
+        self.in_bucket[next(i for i, le in enumerate(MARGIN_BUCKETS) if seconds <= le)] += 1
+        self.count += 1
+        self.sum += seconds
+        if self.min is None or seconds < self.min:
+            self.min = seconds
+        if self.max is None or seconds > self.max:
+            self.max = seconds
+
+    def histogram(self) -> MarginHistogram:
+        cumulative = tuple(zip(MARGIN_BUCKETS, itertools.accumulate(self.in_bucket), strict=True))
+        return MarginHistogram(cumulative, self.count, self.sum, self.min, self.max)
+
+
+#: The kinds kept as one number.
+_SCALARS = (MetricKind.GAUGE, MetricKind.COUNTER)
 
 
 class LeaseMetrics:
     """The counters themselves. One per process is enough: see :func:`process_metrics`.
 
     Every method takes one lock for a few additions, so recording from the renewal
-    thread and the worker's loop at once is safe and never waits on I/O.
+    thread and the worker's loop at once is safe and never waits on I/O. The counts are
+    kept by :data:`METRICS` name, so a counter declared in :class:`MetricsSnapshot` is
+    kept, reset and copied without being written down again here.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = _Counts()
+        self.reset()
 
     def reset(self) -> None:
         """Back to zero, with a new lock (after a fork the old one may be held)."""
         self._lock = threading.Lock()
-        self._counts = _Counts()
+        self._counts = {m.name: 0 for m in METRICS if m.kind in _SCALARS}
+        self._by_code: dict[str, dict[str, int]] = {
+            m.name: {} for m in METRICS if m.kind is MetricKind.BY_CODE
+        }
+        self._margins = _Margins()
 
     def set_leases_held(self, count: int) -> None:
         with self._lock:
-            self._counts.leases_held = count
+            self._counts["leases_held"] = count
 
     def record_renewal_call(self, entries: int) -> None:
         """A ChangeMessageVisibilityBatch call renewing ``entries`` leases went out."""
         with self._lock:
-            self._counts.renewal_calls += 1
-            self._counts.renewal_entries += entries
+            self._add(renewal_calls=1, renewal_entries=entries)
 
     def record_renewal_margin(self, seconds: float) -> None:
         """A lease's renewal was sent ``seconds`` before the lease would have run out."""
         with self._lock:
-            counts = self._counts
-            index = next(i for i, le in enumerate(MARGIN_BUCKETS) if seconds <= le)
-            counts.margin_buckets[index] += 1
-            counts.margin_count += 1
-            counts.margin_sum += seconds
-            if counts.margin_min is None or seconds < counts.margin_min:
-                counts.margin_min = seconds
-            if counts.margin_max is None or seconds > counts.margin_max:
-                counts.margin_max = seconds
+            self._margins.add(seconds)
 
     def record_renewal_failure(self, code: str, entries: int = 1) -> None:
         """``entries`` renewal entries failed with ``code`` (see :func:`failure_code`)."""
         with self._lock:
-            failures = self._counts.renewal_failures
-            failures[code] = failures.get(code, 0) + entries
+            self._add_by_code("renewal_failures", code, entries)
 
     def record_lease_lost(self) -> None:
         with self._lock:
-            self._counts.leases_lost += 1
+            self._add(leases_lost=1)
 
     def record_released(self, count: int) -> None:
         """``count`` messages were made visible again, as SQS confirmed."""
         with self._lock:
-            self._counts.messages_released += count
+            self._add(messages_released=count)
 
     def set_deletes_pending(self, count: int) -> None:
         with self._lock:
-            self._counts.deletes_pending = count
+            self._counts["deletes_pending"] = count
 
     def record_delete_call(self, deleted: int) -> None:
         """A DeleteMessageBatch call went out and SQS confirmed ``deleted`` of its entries."""
         with self._lock:
-            self._counts.delete_calls += 1
-            self._counts.messages_deleted += deleted
+            self._add(delete_calls=1, messages_deleted=deleted)
 
     def record_delete_failure(self, code: str, retried: bool) -> None:
         with self._lock:
-            failures = self._counts.delete_failures
-            failures[code] = failures.get(code, 0) + 1
-            if retried:
-                self._counts.deletes_retried += 1
+            self._add_by_code("delete_failures", code, 1)
+            self._add(deletes_retried=int(retried))
 
     def record_receive_error(self, code: str) -> None:
         """A ReceiveMessage call failed with ``code``."""
         with self._lock:
-            errors = self._counts.receive_errors
-            errors[code] = errors.get(code, 0) + 1
+            self._add_by_code("receive_errors", code, 1)
 
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:
-            counts = self._counts
-            cumulative, seen = [], 0
-            for le, in_bucket in zip(MARGIN_BUCKETS, counts.margin_buckets, strict=True):
-                seen += in_bucket
-                cumulative.append((le, seen))
-            return MetricsSnapshot(
-                leases_held=counts.leases_held,
-                renewal_calls=counts.renewal_calls,
-                renewal_entries=counts.renewal_entries,
-                renewal_failures=MappingProxyType(dict(counts.renewal_failures)),
-                leases_lost=counts.leases_lost,
-                messages_released=counts.messages_released,
-                receive_errors=MappingProxyType(dict(counts.receive_errors)),
-                renewal_margin=MarginHistogram(
-                    buckets=tuple(cumulative),
-                    count=counts.margin_count,
-                    sum=counts.margin_sum,
-                    min=counts.margin_min,
-                    max=counts.margin_max,
-                ),
-                deletes_pending=counts.deletes_pending,
-                delete_calls=counts.delete_calls,
-                messages_deleted=counts.messages_deleted,
-                delete_failures=MappingProxyType(dict(counts.delete_failures)),
-                deletes_retried=counts.deletes_retried,
-            )
+            values: dict[str, Any] = dict(self._counts)
+            for name, counts in self._by_code.items():
+                values[name] = MappingProxyType(dict(counts))
+            values["renewal_margin"] = self._margins.histogram()
+        return MetricsSnapshot(**values)
+
+    # Both below expect the caller to hold the lock, so one record is one hold.
+
+    def _add(self, **amounts: int) -> None:
+        for name, amount in amounts.items():
+            self._counts[name] += amount
+
+    def _add_by_code(self, name: str, code: str, amount: int) -> None:
+        counts = self._by_code[name]
+        counts[code] = counts.get(code, 0) + amount
 
 
 _process_metrics = LeaseMetrics()

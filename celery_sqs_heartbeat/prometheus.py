@@ -19,12 +19,13 @@ This module imports without prometheus-client; only collecting and serving need 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from celery.utils.log import get_logger
 
-from .metrics import MetricsSnapshot, snapshot
+from .metrics import LISTED_METRICS, MetricKind, MetricsSnapshot, snapshot
+from .metrics import Metric as LeaseMetric
 from .options import HeartbeatOptions, InvalidTransportOption
 
 if TYPE_CHECKING:
@@ -53,89 +54,30 @@ class LeaseMetricsCollector:
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
         current = self._source()
-        yield GaugeMetricFamily(
-            f"{METRIC_PREFIX}_leases_held",
-            "SQS leases this process is renewing now.",
-            value=current.leases_held,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_renewal_calls",
-            "ChangeMessageVisibilityBatch calls made to renew leases.",
-            value=current.renewal_calls,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_renewal_entries",
-            "Lease renewals sent (entries of the renewal calls).",
-            value=current.renewal_entries,
-        )
-        yield _by_code(
-            "renewal_failures",
-            "Lease renewals that failed, by SQS error code or network error.",
-            current.renewal_failures,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_leases_lost",
-            "Leases lost while their task was pending: SQS may deliver those messages again.",
-            value=current.leases_lost,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_messages_released",
-            "Messages made visible again on reject, requeue or shutdown.",
-            value=current.messages_released,
-        )
-        yield _by_code(
-            "receive_errors",
-            "Failed ReceiveMessage calls, by SQS error code or network error.",
-            current.receive_errors,
-        )
-        yield GaugeMetricFamily(
-            f"{METRIC_PREFIX}_deletes_pending",
-            "Acked messages whose delete SQS has not confirmed yet; their leases are held.",
-            value=current.deletes_pending,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_delete_calls",
-            "DeleteMessageBatch calls made for acked messages.",
-            value=current.delete_calls,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_messages_deleted",
-            "Acked messages whose delete SQS confirmed.",
-            value=current.messages_deleted,
-        )
-        yield _by_code(
-            "delete_failures",
-            "Deletes that failed, by SQS error code or network error.",
-            current.delete_failures,
-        )
-        yield CounterMetricFamily(
-            f"{METRIC_PREFIX}_deletes_retried",
-            "Failed deletes tried again while their lease held.",
-            value=current.deletes_retried,
-        )
-        margin = current.renewal_margin
-        yield HistogramMetricFamily(
-            f"{METRIC_PREFIX}_renewal_margin_seconds",
-            "Seconds a lease still had when its renewal was sent; near 0 means renewals "
-            "are late (tune visibility_extension_threshold).",
-            buckets=margin.labelled_buckets(),
-            sum_value=margin.sum,
-        )
+        for metric in LISTED_METRICS:
+            yield _family(metric, getattr(current, metric.name))
 
 
-def _by_code(name: str, documentation: str, counts: Mapping[str, int]) -> Metric:
-    """A counter with one sample per error code."""
-    from prometheus_client.core import CounterMetricFamily
+def _family(metric: LeaseMetric, value: Any) -> Metric:
+    """One counter of the snapshot as Prometheus has it: gauge, counter or histogram."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
-    family = CounterMetricFamily(f"{METRIC_PREFIX}_{name}", documentation, labels=["code"])
-    for code, count in sorted(counts.items()):
+    name = f"{METRIC_PREFIX}_{metric.prometheus_name}"
+    if metric.kind is MetricKind.GAUGE:
+        return GaugeMetricFamily(name, metric.description, value=value)
+    if metric.kind is MetricKind.COUNTER:
+        return CounterMetricFamily(name, metric.description, value=value)
+    if metric.kind is MetricKind.HISTOGRAM:
+        return HistogramMetricFamily(
+            name, metric.description, buckets=value.labelled_buckets(), sum_value=value.sum
+        )
+    family = CounterMetricFamily(name, metric.description, labels=["code"])
+    for code, count in sorted(value.items()):
         family.add_metric([code], count)
     return family
 

@@ -470,6 +470,67 @@ def test_the_collector_exposes_every_counter_in_prometheus_terms(counters: Lease
     }
 
 
+#: Every family of the Prometheus page, in its order: name, type and HELP text.
+FAMILIES = [
+    ("leases_held", "gauge", "SQS leases this process is renewing now."),
+    ("renewal_calls_total", "counter", "ChangeMessageVisibilityBatch calls made to renew leases."),
+    ("renewal_entries_total", "counter", "Lease renewals sent (entries of the renewal calls)."),
+    (
+        "renewal_failures_total",
+        "counter",
+        "Lease renewals that failed, by SQS error code or network error.",
+    ),
+    (
+        "leases_lost_total",
+        "counter",
+        "Leases lost while their task was pending: SQS may deliver those messages again.",
+    ),
+    (
+        "messages_released_total",
+        "counter",
+        "Messages made visible again on reject, requeue or shutdown.",
+    ),
+    (
+        "receive_errors_total",
+        "counter",
+        "Failed ReceiveMessage calls, by SQS error code or network error.",
+    ),
+    (
+        "deletes_pending",
+        "gauge",
+        "Acked messages whose delete SQS has not confirmed yet; their leases are held.",
+    ),
+    ("delete_calls_total", "counter", "DeleteMessageBatch calls made for acked messages."),
+    ("messages_deleted_total", "counter", "Acked messages whose delete SQS confirmed."),
+    (
+        "delete_failures_total",
+        "counter",
+        "Deletes that failed, by SQS error code or network error.",
+    ),
+    ("deletes_retried_total", "counter", "Failed deletes tried again while their lease held."),
+    (
+        "renewal_margin_seconds",
+        "histogram",
+        "Seconds a lease still had when its renewal was sent; near 0 means renewals are late "
+        "(tune visibility_extension_threshold).",
+    ),
+]
+
+
+def test_the_page_describes_every_family_in_order(counters: LeaseMetrics) -> None:
+    registry = CollectorRegistry()
+    registry.register(LeaseMetricsCollector(counters.snapshot))
+
+    page = generate_latest(registry).decode()
+
+    described = [line for line in page.splitlines() if line.startswith("# ")]
+    expected = []
+    for name, kind, documentation in FAMILIES:
+        expected.append(f"# HELP celery_sqs_heartbeat_{name} {documentation}")
+        expected.append(f"# TYPE celery_sqs_heartbeat_{name} {kind}")
+    assert described == expected
+
+
 def test_the_collector_reads_the_counters_at_every_scrape(counters: LeaseMetrics) -> None:
     registry = CollectorRegistry()
     registry.register(LeaseMetricsCollector(counters.snapshot))
