@@ -1,22 +1,17 @@
 """Test helpers: a local SQS server that enforces SQS's real visibility-timeout rules.
 
-The names are loaded lazily so that ``python -m celery_sqs_heartbeat.testing.strict_sqs``
-does not import that module twice (once via this package, once as ``__main__``).
+moto's SQS forgives what AWS refuses exactly where a lease-renewing transport can go
+wrong. :class:`StrictSQSServer` runs moto with SQS's rules patched in (``rules``), in a
+subprocess that it drives over HTTP; each of the server's modules has one job, which its
+docstring gives.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .strict_sqs import (
-        DEFAULT_MAX_HOLD_SECONDS,
-        FAULT_KINDS,
-        Call,
-        Event,
-        FaultKind,
-        StrictSQSServer,
-    )
+from .faults import FAULT_KINDS, FaultKind
+from .recorder import Call, Event, Refusal
+from .rules import DEFAULT_MAX_HOLD_SECONDS
+from .server import StrictSQSServer
 
 __all__ = [
     "DEFAULT_MAX_HOLD_SECONDS",
@@ -24,13 +19,6 @@ __all__ = [
     "Call",
     "Event",
     "FaultKind",
+    "Refusal",
     "StrictSQSServer",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from . import strict_sqs
-
-        return getattr(strict_sqs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

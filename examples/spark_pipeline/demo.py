@@ -37,7 +37,7 @@ import boto3
 from botocore.exceptions import ClientError
 from celery import Celery
 
-from celery_sqs_heartbeat.testing.strict_sqs import StrictSQSServer
+from celery_sqs_heartbeat.testing import StrictSQSServer
 
 from . import records
 from .app import STEPS, PipelineSettings, pipeline

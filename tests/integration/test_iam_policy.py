@@ -21,8 +21,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from celery_sqs_heartbeat.testing import StrictSQSServer
-from celery_sqs_heartbeat.testing.strict_sqs import Refusal
+from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
 
 from .harness import REPO, Bed, Worker, broker_url, settle
 

@@ -37,8 +37,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from kombu.transport import SQS
 
-from celery_sqs_heartbeat.testing import StrictSQSServer
-from celery_sqs_heartbeat.testing.strict_sqs import Event, Refusal
+from celery_sqs_heartbeat.testing import Event, Refusal, StrictSQSServer
 
 from .harness import Bed, broker_url, report, settle, worker
 
