@@ -12,9 +12,11 @@ against AWS. With these rules:
   ``AWS.SimpleQueueService.MessageNotInflight`` (moto silently hides it again);
 * the new deadline may not be more than ``max_hold_seconds`` (43200, i.e. 12 h, like
   SQS) after the receive that produced the handle (moto counts from the send);
-* ChangeMessageVisibilityBatch reports every per-entry error in ``Failed`` and rejects
-  empty, oversized and ambiguous batches as a whole (moto fails the whole request for
-  most per-entry errors, and accepts any batch);
+* ChangeMessageVisibilityBatch reports every per-entry error in ``Failed`` (moto fails
+  the whole request for most of them);
+* ChangeMessageVisibilityBatch and DeleteMessageBatch reject empty batches, batches of
+  more than 10 entries and batches with a missing, malformed or repeated Id as a whole,
+  as SQS does (moto accepts all but the empty ones);
 * VisibilityTimeout 0 makes the message visible at once and wakes waiting long polls;
 * DeleteMessage, and each entry of DeleteMessageBatch, only deletes with the *latest*
   receipt handle. A handle from an earlier receive answers success but leaves the
@@ -212,8 +214,7 @@ class _StrictRules:
         """Apply each entry on its own and report each error in ``Failed``, like SQS.
 
         moto turns only ReceiptHandleIsInvalid into a per-entry failure, so e.g. the
-        12-hour limit on one entry failed the whole request; and it accepted empty,
-        oversized and duplicate-Id batches, which SQS rejects as a whole.
+        12-hour limit on one entry failed the whole request.
         """
         _check_batch("ChangeMessageVisibilityBatch", entries)
         successful: list[str] = []
@@ -283,6 +284,7 @@ class _StrictRules:
         entry; doing it here keeps the rule from depending on that detail of moto.
         """
         backend.get_queue(queue_name)  # an unknown queue fails the whole request
+        _check_batch("DeleteMessageBatch", entries)
         successful: list[str] = []
         failed: Entries = []
         for entry in entries:

@@ -393,6 +393,36 @@ def test_delete_batch_with_stale_handle_succeeds_but_keeps_the_message(
     assert delete_results(sqs_server, queue_url)[3:] == [(stale_id, "ok"), (fresh_id, "ok")]
 
 
+def receive_all(sqs: Any, queue_url: str, count: int) -> list[str]:
+    """The receipt handles of ``count`` messages, received for 60 s."""
+    handles: list[str] = []
+    while len(handles) < count:
+        answer = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=60
+        )
+        handles.extend(m["ReceiptHandle"] for m in answer.get("Messages", []))
+    return handles
+
+
+def test_oversized_and_ambiguous_delete_batches_fail_as_a_whole(sqs: Any, queue_url: str) -> None:
+    sqs.send_message_batch(
+        QueueUrl=queue_url, Entries=[{"Id": str(n), "MessageBody": "m"} for n in range(10)]
+    )
+    sqs.send_message(QueueUrl=queue_url, MessageBody="m")
+    handles = receive_all(sqs, queue_url, 11)
+    entries = [{"Id": str(n), "ReceiptHandle": h} for n, h in enumerate(handles)]
+
+    with pytest.raises(sqs.exceptions.TooManyEntriesInBatchRequest):
+        sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+    with pytest.raises(sqs.exceptions.BatchEntryIdsNotDistinct):
+        sqs.delete_message_batch(
+            QueueUrl=queue_url, Entries=[entries[0], {**entries[1], "Id": "0"}]
+        )
+    with pytest.raises(sqs.exceptions.InvalidBatchEntryId):
+        sqs.delete_message_batch(QueueUrl=queue_url, Entries=[{**entries[0], "Id": "no spaces"}])
+    assert message_counts(sqs, queue_url) == (0, 11)  # moto would have deleted them all
+
+
 # -- concurrency ----------------------------------------------------------------------
 
 
