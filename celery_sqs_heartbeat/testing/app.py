@@ -71,7 +71,7 @@ class StrictApp:
         call = identify_call(environ)
         if call is None:
             return self._moto_app(environ, start_response)
-        self._recorder.count_call(call.action, call.entries)
+        generation = self._recorder.count_call(call.action, call.entries)
         arrived = time.time()
         returned: int | None = None
         try:
@@ -90,7 +90,8 @@ class StrictApp:
                     entries=call.entries,
                     asked=call.asked,
                     returned=returned,
-                )
+                ),
+                generation,
             )
 
     def _answer(

@@ -81,25 +81,35 @@ class Recorder:
         self._calls: Counter[str] = Counter()
         self._entries: Counter[str] = Counter()
         self._call_log: list[Call] = []
+        self._generation = 0
         self._events: list[Event] = []
         self._receipts: dict[str, Receipt] = {}
         self._refusals: list[Refusal] = []
 
-    def count_call(self, action: str, entries: int) -> None:
+    def count_call(self, action: str, entries: int) -> int:
+        """Count a call as it arrives, and return the generation to log it under.
+
+        A call is logged when it is answered, which a long poll or a timeout fault puts
+        seconds later, maybe after :meth:`reset_calls`: it then belongs to none of the
+        calls since the reset, which it arrived before, and :meth:`log_call` drops it.
+        """
         with self._lock:
             self._calls[action] += 1
             if entries:
                 self._entries[action] += entries
+            return self._generation
 
-    def log_call(self, call: Call) -> None:
+    def log_call(self, call: Call, generation: int) -> None:
         with self._lock:
-            self._call_log.append(call)
+            if generation == self._generation:
+                self._call_log.append(call)
 
     def reset_calls(self) -> None:
         with self._lock:
             self._calls.clear()
             self._entries.clear()
             self._call_log.clear()
+            self._generation += 1
 
     def calls(self) -> dict[str, dict[str, int]]:
         with self._lock:

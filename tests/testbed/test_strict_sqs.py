@@ -906,6 +906,47 @@ def test_calls_are_counted_with_batch_entries(
     assert sqs_server.calls() == {}
 
 
+def test_the_call_log_has_each_calls_span_and_what_a_receive_asked_and_got(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    for n in range(3):
+        sqs.send_message(QueueUrl=queue_url, MessageBody=f"m{n}")
+    sqs_server.reset_calls()
+    sqs_server.add_latency(0.2, actions=["ReceiveMessage"])
+    sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=5)
+    sqs.delete_message_batch(
+        QueueUrl=queue_url, Entries=[{"Id": "0", "ReceiptHandle": "not-a-handle"}]
+    )
+    receive, delete = sqs_server.call_log()
+    assert (receive["action"], receive["asked"], receive["returned"]) == ("ReceiveMessage", 5, 3)
+    assert receive["answered"] - receive["arrived"] >= 0.2
+    assert (delete["action"], delete["entries"], delete["asked"]) == ("DeleteMessageBatch", 1, None)
+    sqs_server.reset_calls()
+    assert sqs_server.call_log() == []
+
+
+def test_a_call_that_arrived_before_a_reset_is_not_logged_after_it(
+    sqs_server: StrictSQSServer, queue_url: str
+) -> None:
+    """A call the server still holds at a reset is none of the calls since the reset.
+
+    A timeout fault holds it past the client's read timeout, as one held for an earlier
+    test outlives that test on the shared server.
+    """
+    config = NO_RETRIES.merge(Config(connect_timeout=5, read_timeout=0.25))
+    sqs = boto3.client("sqs", config=config, **sqs_server.boto3_kwargs)
+    sqs_server.inject_fault("GetQueueAttributes", "timeout", seconds=1)
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError):
+        sqs.get_queue_attributes(QueueUrl=queue_url)
+    sqs_server.reset_calls()
+    time.sleep(max(0.0, started + 1.5 - time.monotonic()))  # the server has dropped it
+    sqs.list_queues()
+
+    assert [call["action"] for call in sqs_server.call_log()] == ["ListQueues"]
+    assert sqs_server.calls() == {"ListQueues": 1}
+
+
 def test_events_show_each_message_operation(
     sqs_server: StrictSQSServer, sqs: Any, queue_url: str
 ) -> None:
@@ -1099,22 +1140,3 @@ def test_stop_terminates_the_server() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(RuntimeError):
         server.endpoint_url  # noqa: B018
-
-
-def test_the_call_log_has_each_calls_span_and_what_a_receive_asked_and_got(
-    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
-) -> None:
-    for n in range(3):
-        sqs.send_message(QueueUrl=queue_url, MessageBody=f"m{n}")
-    sqs_server.reset_calls()
-    sqs_server.add_latency(0.2, actions=["ReceiveMessage"])
-    sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=5)
-    sqs.delete_message_batch(
-        QueueUrl=queue_url, Entries=[{"Id": "0", "ReceiptHandle": "not-a-handle"}]
-    )
-    receive, delete = sqs_server.call_log()
-    assert (receive["action"], receive["asked"], receive["returned"]) == ("ReceiveMessage", 5, 3)
-    assert receive["answered"] - receive["arrived"] >= 0.2
-    assert (delete["action"], delete["entries"], delete["asked"]) == ("DeleteMessageBatch", 1, None)
-    sqs_server.reset_calls()
-    assert sqs_server.call_log() == []
