@@ -67,7 +67,6 @@ sys.path.insert(0, str(REPO))
 
 from celery_sqs_heartbeat.leases import (  # noqa: E402
     LOOKS_PER_BATCH,
-    SQS_BATCH_SIZE,
     EntryResult,
     Lease,
     LeaseBook,
@@ -76,6 +75,7 @@ from celery_sqs_heartbeat.leases import (  # noqa: E402
 )
 from celery_sqs_heartbeat.manager import BATCHES_PER_HOLD  # noqa: E402
 from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT  # noqa: E402
+from celery_sqs_heartbeat.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
 
 #: What the floor and the .NET rule keep before expiry.
 DOTNET_MARGIN = 5.0

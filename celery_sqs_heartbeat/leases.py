@@ -18,8 +18,9 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .sqs_facts import SQS_BATCH_SIZE, SQS_MAX_HOLD_SECONDS
+
 __all__ = [
-    "SQS_MAX_HOLD_SECONDS",
     "AdaptiveMargin",
     "EntryResult",
     "Lease",
@@ -30,15 +31,9 @@ __all__ = [
     "Settlement",
 ]
 
-#: SQS never keeps a message invisible for longer than this after one receive.
-SQS_MAX_HOLD_SECONDS = 43200
-
 #: The receive is timestamped when the response has arrived, a little after SQS started
 #: the clock, so the last renewal stops this much short of the 12 hours to stay valid.
 HOLD_MARGIN_SECONDS = 60
-
-#: ChangeMessageVisibilityBatch and DeleteMessageBatch take at most ten entries.
-SQS_BATCH_SIZE = 10
 
 
 #: Whole-call codes aside, the most leases one :meth:`LeaseBook.due_batches` call looks at
@@ -260,12 +255,12 @@ class _Budget:
 class LeaseBook:
     """The leases a process is renewing, per queue, in the order they come due.
 
-    A worker may hold SQS's in-flight limit, 120,000 messages a queue, and every ack and
-    receive waits for the lock this book is used under. So nothing here looks at every
-    lease: each queue keeps a binary heap keyed by expiry. A check with nothing due reads
-    the top of each queue's heap, O(queues); one that renews k leases pops k, and at most
-    nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap entry to
-    be skipped when it surfaces. The heap is rebuilt when stale entries outnumber live
+    A worker may hold SQS's in-flight limit (``SQS_MAX_IN_FLIGHT``, 120,000 a queue), and
+    every ack and receive waits for the lock this book is used under. So nothing here looks
+    at every lease: each queue keeps a binary heap keyed by expiry. A check with nothing due
+    reads the top of each queue's heap, O(queues); one that renews k leases pops k, and at
+    most nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap entry
+    to be skipped when it surfaces. The heap is rebuilt when stale entries outnumber live
     ones, so memory follows the leases held.
 
     A burst of due leases must not hold the lock for long either, so
@@ -329,6 +324,19 @@ class LeaseBook:
             self._releases_waiting.add(lease)
             return None
         return release
+
+    def suspend(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` while its delete is on the wire: no renewal crosses it.
+
+        :meth:`resume` takes it back if the delete failed, :meth:`end` once it is settled.
+        """
+        self._discard(lease)
+
+    def resume(self, lease: Lease) -> None:
+        """Renew ``lease`` again after its delete failed; due at once if it is overdue."""
+        queue = self._by_queue.get((lease.queue, lease.policy))
+        if not lease.ended and (queue is None or id(lease) not in queue.leases):
+            self.add(lease)
 
     def releases_waiting(self) -> bool:
         """Whether a release still waits for a renewal on the wire to come back."""

@@ -4,35 +4,28 @@ It runs on its own thread, not on the worker's event loop: the loop is blocked w
 task runs in the solo pool and does not exist under gevent or eventlet, and a lease that
 waits for the loop is a lease that expires. Under gevent the thread is a greenlet.
 
-Callers (acks, rejects, receives) never wait for a renewal: they take the lock only to
-update the book, and the SQS calls are made outside it. A check takes the lock for a few
-calls' worth of due leases at a time (:data:`BATCHES_PER_HOLD`), so even a burst of
-thousands coming due keeps every ack's wait for the lock around a millisecond.
+The thread only decides: what is due in the :class:`~celery_sqs_heartbeat.leases.LeaseBook`
+(renewals) and in the :class:`~celery_sqs_heartbeat.outbox.Outbox` (deletes and
+releases). Every SQS call goes out on a thread of its own (:mod:`celery_sqs_heartbeat.calls`),
+renewals and the outbox's calls each with their own budget of calls in flight, so no
+call waits for another: a slow delete holds back no renewal, and a slow renewal no delete.
 
-Renewal calls go out concurrently, each on a thread of its own, at most
-:data:`~celery_sqs_heartbeat.sqs.MAX_CALLS_IN_FLIGHT` at once: one after another, a slow
-SQS (2 s a call) would get the tenth call of a burst out 18 s late, past the end of the
-leases it carries. A thread per call, not a pool: calls are at most tens a second, a
-thread costs about 0.1 ms to start, and nothing idles between bursts. Under gevent the
-threads are greenlets. When no thread can be started (at interpreter shutdown) the call
-is made on the checking thread. Acks and rejects leave their
-delete or release in an :class:`~celery_sqs_heartbeat.outbox.Outbox`, which the same
-thread sends in batches. An acked message's lease ends only when SQS confirms the
-delete: until then it is renewed like any other, so a delete that fails for a while
-never lets SQS hand a finished task to another worker.
+Callers (acks, rejects, receives) never wait for SQS either: they take the lock only to
+update the book or the outbox. A check takes the lock for a few calls' worth of due
+leases at a time (:data:`BATCHES_PER_HOLD`), so even a burst of thousands coming due
+keeps every ack's wait for the lock around a millisecond.
 
-Every renewal call, failed entry, lost lease and release is counted in
-:mod:`celery_sqs_heartbeat.metrics`, with the time each lease had left when its renewal
-went out. The thread logs those counts in one DEBUG line: at its first check that has
-something to report, then every :data:`SUMMARY_INTERVAL` while leases are held or the
-counts moved.
+Two calls about one message never cross on the wire, so the last word is always the
+one meant: a delete or release waits while its lease's renewal is out, and a lease is
+not renewed while its delete is out. An acked message's lease ends when SQS confirms the
+delete; a delete that fails puts the lease back in the book, so a finished task is never
+handed to another worker because its delete failed for a while.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
-import logging
 import os
 import threading
 import time
@@ -42,30 +35,20 @@ from typing import Protocol, cast
 
 from celery.utils.log import get_logger
 
-from . import signals
-from .leases import (
-    LOOKS_PER_BATCH,
-    EntryResult,
-    Lease,
-    LeaseBook,
-    RenewalBatch,
-    Settlement,
-)
-from .metrics import LeaseMetrics, MetricsSnapshot, failure_code, process_metrics
-from .outbox import Outbox, OutboxBatch, OutboxSettlement, Outgoing, Request
-from .sqs import MAX_CALLS_IN_FLIGHT
+from .calls import CallSlots
+from .check_loop import CheckLoop
+from .leases import LOOKS_PER_BATCH, EntryResult, Lease, LeaseBook, RenewalBatch
+from .metrics import LeaseMetrics, process_metrics
+from .outbox import Outbox, OutboxBatch, Outgoing, Request
+from .reporting import LeaseReporter
+from .sqs import MAX_CALLS_IN_FLIGHT, MAX_SENDS_IN_FLIGHT
 
 logger = get_logger(__name__)
 
-__all__ = ["SUMMARY_INTERVAL", "LeaseStatus", "VisibilityExtensionManager", "shared_manager"]
+__all__ = ["LeaseStatus", "VisibilityExtensionManager", "shared_manager"]
 
 Clock = Callable[[], float]
-
-#: Seconds between two DEBUG summaries of the lease counters. A minute is short enough
-#: to follow an incident in the log, and long enough that a busy worker's log is not
-#: flooded: many renewals per second still make one line a minute. The first summary
-#: comes at once, so whoever turns DEBUG on sees right away that renewals run.
-SUMMARY_INTERVAL = 60.0
+Answers = Mapping[Lease, tuple[EntryResult, str]]
 
 #: Seconds before a delete or release that failed (throttling, 5xx, a network fault) is
 #: tried again. Not sooner, so a failing SQS is not hammered when deletes go out at once.
@@ -77,10 +60,6 @@ RETRY_DELAY = 1.0
 #: at 120,000 leases held (benchmarks/scheduler_cost.py).
 BATCHES_PER_HOLD = 5
 
-#: How long a wait for a renewal call slot or answer lasts before the waiter looks again:
-#: a safety net only, every answer wakes the waiters.
-CALL_WAIT = 1.0
-
 #: How long the end of the process waits for deletes still pending: a delete that never
 #: went out means the task runs again elsewhere once its lease ends.
 EXIT_FLUSH_TIMEOUT = 5.0
@@ -91,11 +70,9 @@ class LeaseQueue(Protocol):
 
     name: str
 
-    def change_visibility(
-        self, entries: Sequence[tuple[Lease, int]]
-    ) -> Mapping[Lease, tuple[EntryResult, str]]: ...
+    def change_visibility(self, entries: Sequence[tuple[Lease, int]]) -> Answers: ...
 
-    def delete(self, leases: Sequence[Lease]) -> Mapping[Lease, tuple[EntryResult, str]]: ...
+    def delete(self, leases: Sequence[Lease]) -> Answers: ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +89,17 @@ class LeaseStatus:
     #: from when the last renewal was sent, so SQS's own deadline is a little later.
     expires_in: float
 
+    @classmethod
+    def of(cls, lease: Lease, now: float) -> LeaseStatus:
+        return cls(
+            task_id=lease.task_id,
+            task_name=lease.task_name,
+            queue=cast(LeaseQueue, lease.queue).name,
+            age=now - lease.received_at,
+            renewals=lease.renewals,
+            expires_in=lease.expires_at - now,
+        )
+
 
 class VisibilityExtensionManager:
     """Renews the leases of every channel in the process, in batches, until they end."""
@@ -119,23 +107,21 @@ class VisibilityExtensionManager:
     def __init__(self, clock: Clock = time.monotonic, metrics: LeaseMetrics | None = None) -> None:
         self.clock = clock
         self._book = LeaseBook()
+        self._outbox = Outbox(retry_delay=RETRY_DELAY)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        #: Notified when a renewal call came back: a slot is free.
-        self._call_done = threading.Condition(self._lock)
-        self._renewals_in_flight = 0
-        self._health_lock = threading.Lock()
+        self._report = LeaseReporter(metrics or process_metrics(), clock, logger)
+        self._renewals = CallSlots("renewal", MAX_CALLS_IN_FLIGHT, self._slot_freed)
+        self._sends = CallSlots("send", MAX_SENDS_IN_FLIGHT, self._slot_freed)
         self._interval = float("inf")
-        self._thread: threading.Thread | None = None
-        self._failing_queues: set[tuple[str, str]] = set()
-        self._outbox = Outbox(retry_delay=RETRY_DELAY)
+        self._loop = CheckLoop(
+            self._changed, self._sleep_time, lambda: self.check(wait=False), clock, logger
+        )
+        #: A check left due work behind for want of a call slot: a freed slot wakes it.
+        self._starved = False
         self._flush_requested = False
-        #: Batches taken from the outbox whose answers are not reported yet.
+        #: Outbox calls whose answers are not reported yet.
         self._batches_reporting = 0
-        self._sleeping_until = float("inf")
-        self._metrics = metrics if metrics is not None else process_metrics()
-        self._next_summary_at = clock()
-        self._last_summary: MetricsSnapshot = self._metrics.snapshot()
 
     def __len__(self) -> int:
         with self._lock:
@@ -145,29 +131,19 @@ class VisibilityExtensionManager:
         """The leases being renewed now, oldest first; a copy taken under the lock."""
         with self._lock:
             now = self.clock()
-            statuses = [
-                LeaseStatus(
-                    task_id=lease.task_id,
-                    task_name=lease.task_name,
-                    queue=cast(LeaseQueue, lease.queue).name,
-                    age=now - lease.received_at,
-                    renewals=lease.renewals,
-                    expires_in=lease.expires_at - now,
-                )
-                for lease in self._book
-            ]
+            statuses = [LeaseStatus.of(lease, now) for lease in self._book]
         return sorted(statuses, key=lambda status: status.age, reverse=True)
 
     def track(self, lease: Lease, check_interval: float) -> None:
         """Renew ``lease`` from now on; checks happen at least every ``check_interval``."""
         with self._lock:
             self._book.add(lease)
-            self._count_held()
+            self._report.leases_held(len(self._book))
             self._interval = min(self._interval, check_interval)
             self._book.margin.interval = self._interval
             # Wake the thread only if it would sleep past the first check this lease
             # needs; a wake-up per receive would be a check per receive.
-            if self._sleeping_until > self.clock() + check_interval:
+            if self._loop.sleeping_until > self.clock() + check_interval:
                 self._changed.notify_all()
         self._ensure_thread()
 
@@ -175,13 +151,15 @@ class VisibilityExtensionManager:
         """Stop renewing ``lease`` without telling SQS (kombu deletes the message itself)."""
         with self._lock:
             self._book.end(lease)
-            self._count_held()
+            self._report.leases_held(len(self._book))
 
     def delete(self, lease: Lease, wait: float) -> None:
-        """The message is acked: delete it within ``wait`` seconds, renewing it until then.
+        """The message is acked: delete it, renewing it until the delete goes out.
 
-        The lease ends when SQS confirms the delete, so a delete that fails for a while
-        leaves the message hidden, not handed to another worker.
+        The delete waits up to ``wait`` seconds for company in its batch call, longer
+        while a renewal of its lease is on the wire or no call slot is free. The lease
+        ends when SQS confirms the delete, so a delete that fails for a while leaves the
+        message hidden, not handed to another worker.
         """
         self._send_later([Outgoing(lease, Request.DELETE)], wait)
 
@@ -196,19 +174,18 @@ class VisibilityExtensionManager:
                 return False
             self._book.end(replaced)
             lease.task_id, lease.task_name = replaced.task_id, replaced.task_name
-            self._count_held()
+            self._report.leases_held(len(self._book))
         return True
 
     def release(self, leases: Iterable[tuple[Lease, int]], reason: str, wait: float = 0) -> None:
         """Stop renewing these leases and make their messages visible after each delay.
 
-        The release goes out within ``wait`` seconds, from the manager's thread. If a
-        renewal of the lease is on the wire, the release waits for it to come back, so
-        the release is always the last word.
+        The release goes out within ``wait`` seconds, or once a renewal of its lease that
+        is on the wire came back, so the release is always the last word.
         """
         with self._lock:
             ready = [self._book.end(lease, delay, reason) for lease, delay in leases]
-            self._count_held()
+            self._report.leases_held(len(self._book))
         self._send_later(
             [Outgoing(r.lease, Request.RELEASE, r.delay, r.reason) for r in ready if r], wait
         )
@@ -220,9 +197,9 @@ class VisibilityExtensionManager:
             now = self.clock()
             for item in items:
                 self._outbox.add(item, now + wait)
-            self._count_pending()
+            self._report.deletes_pending(self._outbox.deletes_waiting())
             next_due = self._outbox.next_due()
-            if next_due is not None and next_due < self._sleeping_until:
+            if next_due is not None and next_due < self._loop.sleeping_until:
                 self._changed.notify_all()
         self._ensure_thread()
 
@@ -247,337 +224,193 @@ class VisibilityExtensionManager:
             self._flush_requested = False
             return len(self._outbox) + int(self._book.releases_waiting())
 
+    def stop(self, timeout: float) -> int:
+        """Flush, then end the thread: what is still held is no longer renewed.
+
+        Returns how many deletes and releases were left unconfirmed, as :meth:`flush`.
+        """
+        left = self.flush(timeout)
+        self._loop.stop(timeout)
+        return left
+
     def _unconfirmed(self) -> bool:
         """Whether a delete or release is pending or not yet reported; under the lock."""
         return bool(self._outbox or self._batches_reporting or self._book.releases_waiting())
 
     def check(self, wait: bool = True) -> None:
-        """Renew what is due now, then send the deletes and releases that are due.
+        """Start the renewals that are due, then the deletes and releases that are due.
 
-        Renewal calls go out concurrently. With ``wait`` (tests, and anyone calling this
-        by hand) it returns once SQS answered them all; the manager's thread does not
-        wait, so a slow SQS delays neither its next check nor the deletes.
+        The manager's thread does not wait for SQS. With ``wait`` (tests, and anyone
+        calling this by hand) it takes every due call however long slots take to free,
+        and returns once SQS answered them all: renewals first, so deletes held while
+        their lease was being renewed go out in the same check.
         """
-        self._renew_due()
+        while self._start_renewals() and wait:
+            self._renewals.wait_for_a_slot()
         if wait:
-            self._wait_for_renewals()
-        self._send_outbox()
-        self._log_summary_if_due()
+            self._renewals.wait_until_idle()
+        while self._start_sends() and wait:
+            self._sends.wait_for_a_slot()
+        if wait:
+            self._sends.wait_until_idle()
+        self._report.log_summary_if_due()
 
-    def _renew_due(self) -> None:
-        """Take the due leases a few calls at a time, sending each call as it is taken.
+    def _start_renewals(self) -> bool:
+        """Take due leases a few calls per hold of the lock, starting each call at once.
 
-        Calls are taken only when a slot is free, so a lease waits in the book, not in a
-        queue of calls: it is sent with its renewal length worked out at sending time.
+        Calls are taken only while a slot is free, so a lease waits in the book, not in
+        a queue of calls: it is sent with its renewal length worked out at sending time.
+        Returns whether due leases were left for want of a slot.
         """
         started = self.clock()
-        more = True
-        while more:
+        while True:
             with self._lock:
-                while self._renewals_in_flight >= MAX_CALLS_IN_FLIGHT:
-                    self._call_done.wait(CALL_WAIT)
                 now = self.clock()
-                room = min(MAX_CALLS_IN_FLIGHT - self._renewals_in_flight, BATCHES_PER_HOLD)
+                room = min(self._renewals.free, BATCHES_PER_HOLD)
+                more = self._book.has_due(now)
+                if room <= 0:
+                    self._starved = self._starved or more
+                    return more
                 batches = self._book.due_batches(now, limit=room)
                 exhausted = self._book.take_exhausted(now, limit=room * LOOKS_PER_BATCH)
                 more = self._book.has_due(now)
-                self._renewals_in_flight += len(batches)
-                self._count_held()
+                self._report.leases_held(len(self._book))
                 for batch in batches:
-                    self._count_renewal_call(batch)
+                    self._report.renewal_call(batch)
             for lease in exhausted:
-                self._warn_capped(lease)
+                self._report.capped(lease)
             for batch in batches:
-                self._start_call(functools.partial(self._renew, batch, started))
-
-    def _wait_for_renewals(self) -> None:
-        with self._lock:
-            while self._renewals_in_flight:
-                self._call_done.wait(CALL_WAIT)
-
-    @staticmethod
-    def _start_call(call: Callable[[], None]) -> None:
-        """Run ``call`` on a thread of its own, or here if no thread can be started."""
-        thread = threading.Thread(target=call, name="celery-sqs-heartbeat-renewal", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:
-            call()
+                self._renewals.start(functools.partial(self._renew, batch, started))
+            if not more:
+                return False
 
     def _renew(self, batch: RenewalBatch, check_started: float) -> None:
-        """One renewal call and its settlement; frees its slot however it ends."""
+        """One renewal call, on its own thread, and its settlement."""
         queue = cast(LeaseQueue, batch.queue)
-        try:
-            try:
-                results = queue.change_visibility(batch.entries)
-            except Exception as exc:
-                # An answer nobody foresaw must not strand the leases as "being renewed",
-                # nor stop the other queues' batches: it counts as a failed call.
-                logger.exception("Renewing SQS leases on queue %s failed", queue.name)
-                failed = (EntryResult.TRANSIENT, repr(exc))
-                results = {lease: failed for lease, _ in batch.entries}
-            settlement = self._settle_renewal(batch, results, check_started)
-            self._note_queue_health(queue, "Renewing SQS leases", results.values())
-            self._report(queue, settlement)
-        finally:
-            with self._lock:
-                self._renewals_in_flight -= 1
-                self._call_done.notify_all()
-
-    def _settle_renewal(
-        self,
-        batch: RenewalBatch,
-        results: Mapping[Lease, tuple[EntryResult, str]],
-        check_started: float,
-    ) -> Settlement:
-        """Apply SQS's answer, time it for the margin, queue the releases it freed."""
+        leases = [lease for lease, _ in batch.entries]
+        call = functools.partial(queue.change_visibility, batch.entries)
+        results = _ask(queue, "Renewing SQS leases", leases, call)
         with self._lock:
             now = self.clock()
             self._book.margin.record_delay(now - check_started, now)
             if any(outcome is EntryResult.TRANSIENT for outcome, _ in results.values()):
                 self._book.margin.record_failure(now)
             settlement = self._book.settle(batch, results, now)
-            self._count_held()
-            self._count_failures(batch, results)
+            self._report.leases_held(len(self._book))
+            self._report.renewal_failures(batch, results)
             for release in settlement.releases:
-                self._outbox.add(
-                    Outgoing(release.lease, Request.RELEASE, release.delay, release.reason), now
-                )
-            if settlement.releases or len(self._outbox):
+                item = Outgoing(release.lease, Request.RELEASE, release.delay, release.reason)
+                self._outbox.add(item, now)
+            if settlement.releases or self._outbox:
                 # Releases, and deletes held while these leases were being renewed, can go.
                 self._changed.notify_all()
-        return settlement
+        self._report.queue_health(queue, "Renewing SQS leases", results.values())
+        self._report.renewed(queue, settlement)
 
-    def _send_outbox(self) -> None:
-        """Send the deletes and releases that are due, and settle SQS's answers."""
+    def _start_sends(self) -> bool:
+        """Start the outbox's due calls while slots are free; whether any were left.
+
+        A lease whose delete goes out leaves the book until SQS answers, so that no
+        renewal crosses the delete on the wire.
+        """
         with self._lock:
-            batches = self._outbox.due_batches(self.clock(), self._flush_requested)
+            room = self._sends.free
+            batches = self._outbox.due_batches(self.clock(), self._flush_requested, room)
+            for batch in batches:
+                if batch.request is Request.DELETE:
+                    for item in batch.entries:
+                        self._book.suspend(item.lease)
             self._batches_reporting += len(batches)
+            left = self._outbox.next_due(self._flush_requested)
+            more = left is not None and left <= self.clock() and len(batches) >= room
+            self._starved = self._starved or more
         for batch in batches:
-            try:
-                self._send_batch(batch)
-            finally:
-                with self._lock:
-                    self._batches_reporting -= 1
-                    self._changed.notify_all()
+            self._sends.start(functools.partial(self._send, batch))
+        return more
 
-    def _send_batch(self, batch: OutboxBatch) -> None:
-        """One call; it counts as pending for :meth:`flush` until its signals are sent."""
+    def _send(self, batch: OutboxBatch) -> None:
+        """One delete or release call, on its own thread; pending for :meth:`flush` till settled."""
         queue = cast(LeaseQueue, batch.queue)
         leases = [item.lease for item in batch.entries]
         try:
             if batch.request is Request.DELETE:
-                results = queue.delete(leases)
+                call = functools.partial(queue.delete, leases)
             else:
-                results = queue.change_visibility(
-                    [(item.lease, item.delay) for item in batch.entries]
-                )
-        except Exception as exc:
-            logger.exception("Sending SQS %ss on queue %s failed", batch.request.value, queue.name)
-            results = dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
+                entries = [(item.lease, item.delay) for item in batch.entries]
+                call = functools.partial(queue.change_visibility, entries)
+            results = _ask(queue, f"Sending SQS {batch.request.value}s", leases, call)
+            self._settle_send(batch, results)
+        finally:
+            with self._lock:
+                self._batches_reporting -= 1
+                self._changed.notify_all()
+
+    def _settle_send(self, batch: OutboxBatch, results: Answers) -> None:
+        """Apply SQS's answer: confirmed and hopeless deletes end their leases."""
+        queue = cast(LeaseQueue, batch.queue)
         with self._lock:
             settlement = self._outbox.settle(batch, results, self.clock())
             if batch.request is Request.DELETE:
-                self._settle_deletes(settlement)
-            self._count_pending()
+                for item, _ in settlement.retried:
+                    self._book.resume(item.lease)
+                for item in settlement.ended():
+                    self._book.end(item.lease)
+                self._report.leases_held(len(self._book))
+            self._report.deletes_pending(self._outbox.deletes_waiting())
         if batch.request is Request.DELETE:
-            self._note_queue_health(queue, "Deleting acked messages", results.values())
-            self._report_deletes(queue, settlement)
+            self._report.deletes_settled(settlement)
+            self._report.queue_health(queue, "Deleting acked messages", results.values())
+            self._report.deletes_failed(queue, settlement)
         else:
-            self._note_queue_health(queue, "Releasing messages", results.values())
-            self._report_releases(queue, settlement)
+            self._report.queue_health(queue, "Releasing messages", results.values())
+            self._report.released(queue, settlement)
 
-    def _settle_deletes(self, settlement: OutboxSettlement) -> None:
-        """End the leases of confirmed or hopeless deletes; the caller holds the lock."""
-        self._metrics.record_delete_call(len(settlement.done))
-        for item in settlement.done:
-            self._book.end(item.lease)
-        for item, reason in [*settlement.lost, *settlement.abandoned]:
-            self._book.end(item.lease)
-            self._metrics.record_delete_failure(failure_code(reason), retried=False)
-        for _, reason in settlement.retried:
-            self._metrics.record_delete_failure(failure_code(reason), retried=True)
-        self._count_held()
+    def _slot_freed(self) -> None:
+        """A call came back: wake the thread if a check left due work for want of a slot."""
+        with self._lock:
+            if self._starved:
+                self._starved = False
+                self._changed.notify_all()
 
     def _ensure_thread(self) -> None:
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread = threading.Thread(
-                target=self._run, name="celery-sqs-heartbeat", daemon=True
-            )
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                timeout = self._sleep_time()
-                now = self.clock()
-                self._sleeping_until = float("inf") if timeout is None else now + timeout
-                self._changed.wait(timeout)
-                self._sleeping_until = float("-inf")
-            try:
-                self.check(wait=False)
-            except Exception:
-                # A bug must not end renewals for the whole process; log it and go on.
-                logger.exception("Renewing SQS message visibility failed")
+        self._loop.ensure_running()
 
     def _sleep_time(self) -> float | None:
         """How long the thread may sleep before something is owed; None: until woken.
 
         Leases are checked every interval; pending deletes and releases are sent when
-        due. With neither, the thread sleeps for good, unless a summary is owed: without
-        it, what happened since the last one (the last leases ending, a failed release)
-        would not be logged until the next message arrives. The caller holds the lock.
+        due, unless every send slot is taken (a freed slot wakes the thread). With
+        neither, the thread sleeps for good, unless a summary is owed: without it, what
+        happened since the last one (the last leases ending, a failed release) would not
+        be logged until the next message arrives. The caller holds the lock.
         """
         now = self.clock()
         owed = []
         if len(self._book):
             owed.append(self._interval)
         next_due = self._outbox.next_due(self._flush_requested)
-        if next_due is not None:
+        if next_due is not None and self._sends.free:
             owed.append(next_due - now)
-        if self._summary_owed():
-            owed.append(self._next_summary_at - now)
+        summary = self._report.next_summary_in()
+        if summary is not None:
+            owed.append(summary)
         return max(0.0, min(owed)) if owed else None
 
-    def _summary_owed(self) -> bool:
-        if not logger.isEnabledFor(logging.DEBUG):
-            return False
-        current = self._metrics.snapshot()
-        return bool(current.leases_held) or current != self._last_summary
 
-    def _log_summary_if_due(self) -> None:
-        """Log the counters at DEBUG once a period, while leases are held or counts moved."""
-        now = self.clock()
-        if now < self._next_summary_at:
-            return
-        self._next_summary_at = now + SUMMARY_INTERVAL
-        if self._summary_owed():
-            self._last_summary = self._metrics.snapshot()
-            logger.debug("%s", self._last_summary.summary())
+def _ask(
+    queue: LeaseQueue, activity: str, leases: Sequence[Lease], call: Callable[[], Answers]
+) -> Answers:
+    """SQS's answer per entry; an exception nobody foresaw counts as a failed call.
 
-    def _count_held(self) -> None:
-        """Publish the book's size; the caller holds the lock."""
-        self._metrics.set_leases_held(len(self._book))
-
-    def _count_renewal_call(self, batch: RenewalBatch) -> None:
-        """Count the call, and how long each of its leases still had when it was sent."""
-        self._metrics.record_renewal_call(len(batch.entries))
-        for lease, _ in batch.entries:
-            self._metrics.record_renewal_margin(lease.expires_at - batch.sent_at)
-
-    def _count_failures(
-        self, batch: RenewalBatch, results: Mapping[Lease, tuple[EntryResult, str]]
-    ) -> None:
-        """Count failed entries by error code, except for leases that ended meanwhile.
-
-        A renewal that lands just after the ack deleted its message fails: that is the
-        expected end of a race, not a problem an operator should see counted. The caller
-        holds the lock, so no ack slips in between the answer and this count.
-        """
-        for lease, _ in batch.entries:
-            outcome, reason = results.get(lease, (EntryResult.TRANSIENT, "no answer"))
-            if outcome is not EntryResult.OK and not lease.ended:
-                self._metrics.record_renewal_failure(failure_code(reason))
-
-    def _report(self, queue: LeaseQueue, settlement: Settlement) -> None:
-        for lease, length in settlement.renewed:
-            signals.lease_renewed.send(
-                sender=lease.task_name,
-                task_id=lease.task_id,
-                task_name=lease.task_name,
-                queue=queue.name,
-                visibility_timeout=length,
-                renewals=lease.renewals,
-            )
-        for lease in settlement.capped:
-            self._warn_capped(lease)
-        for lease, reason in settlement.lost:
-            self._lose(lease, queue, reason)
-
-    def _lose(self, lease: Lease, queue: LeaseQueue, reason: str) -> None:
-        lease.lost = True
-        self._metrics.record_lease_lost()
-        logger.warning(
-            "Lost the SQS lease of %s on queue %s (%s); SQS may deliver it again",
-            lease.describe(),
-            queue.name,
-            reason,
-        )
-        signals.lease_lost.send(
-            sender=lease.task_name,
-            task_id=lease.task_id,
-            task_name=lease.task_name,
-            queue=queue.name,
-            reason=reason,
-        )
-
-    def _warn_capped(self, lease: Lease) -> None:
-        logger.warning(
-            "Stopped renewing the SQS lease of %s after %.0f seconds "
-            "(visibility_extension_max or SQS's 12-hour limit); "
-            "SQS makes it visible again in %.0f seconds",
-            lease.describe(),
-            lease.policy.hold_limit,
-            max(0.0, lease.expires_at - self.clock()),
-        )
-
-    def _note_queue_health(
-        self, queue: LeaseQueue, activity: str, results: Iterable[tuple[EntryResult, str]]
-    ) -> None:
-        """Log a failing queue once when it starts failing and once when it recovers."""
-        failures = [reason for kind, reason in results if kind is EntryResult.TRANSIENT]
-        streak = (queue.name, activity)
-        with self._health_lock:  # renewal calls answer on threads of their own
-            started = bool(failures) and streak not in self._failing_queues
-            ended = not failures and streak in self._failing_queues
-            if started:
-                self._failing_queues.add(streak)
-            elif ended:
-                self._failing_queues.discard(streak)
-        if started:
-            logger.warning(
-                "%s on queue %s failed, retrying while the leases hold: %s",
-                activity,
-                queue.name,
-                failures[0],
-            )
-        elif ended:
-            logger.info("%s on queue %s works again", activity, queue.name)
-
-    def _report_deletes(self, queue: LeaseQueue, settlement: OutboxSettlement) -> None:
-        for item, reason in [*settlement.lost, *settlement.abandoned]:
-            if item.lease.lost:
-                continue  # already reported when its renewal failed
-            self._lose(item.lease, queue, f"its delete failed: {reason}")
-
-    def _report_releases(self, queue: LeaseQueue, settlement: OutboxSettlement) -> None:
-        self._metrics.record_released(len(settlement.done))
-        for item in settlement.done:
-            signals.lease_released.send(
-                sender=item.lease.task_name,
-                task_id=item.lease.task_id,
-                task_name=item.lease.task_name,
-                queue=queue.name,
-                delay=item.delay,
-                reason=item.reason,
-            )
-        for item, reason in [*settlement.lost, *settlement.abandoned]:
-            # Nothing is lost: the message becomes visible when its lease ends.
-            logger.warning(
-                "Could not release %s on queue %s (%s); SQS makes it visible "
-                "again when its lease ends",
-                item.lease.describe(),
-                queue.name,
-                reason,
-            )
-
-    def _count_pending(self) -> None:
-        """Publish how many deletes wait; the caller holds the lock."""
-        self._metrics.set_deletes_pending(
-            sum(1 for item in self._outbox if item.request is Request.DELETE)
-        )
+    :class:`~celery_sqs_heartbeat.sqs.SQSQueue` turns every error of SQS, botocore and
+    the network into answers; anything else is a bug, which must not strand the leases
+    as "being renewed" nor end the call's thread without settling it.
+    """
+    try:
+        return call()
+    except Exception as exc:
+        logger.exception("%s on queue %s failed", activity, queue.name)
+        return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
 
 
 _shared: VisibilityExtensionManager | None = None
@@ -597,7 +430,7 @@ def _flush_at_exit() -> None:
     """Send what is still pending when the process ends without closing its channel."""
     manager = _shared
     if manager is not None:
-        left = manager.flush(EXIT_FLUSH_TIMEOUT)
+        left = manager.stop(EXIT_FLUSH_TIMEOUT)
         if left:
             logger.warning(
                 "%d SQS delete(s) or release(s) could not be sent before the process ended; "

@@ -22,7 +22,8 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .leases import SQS_BATCH_SIZE, EntryResult, Lease
+from .leases import EntryResult, Lease
+from .sqs_facts import SQS_BATCH_SIZE
 
 __all__ = ["Outbox", "OutboxBatch", "OutboxSettlement", "Outgoing", "Request"]
 
@@ -73,6 +74,10 @@ class OutboxSettlement:
     #: Failed, and given up on because the lease ran out meanwhile.
     abandoned: list[tuple[Outgoing, str]] = field(default_factory=list)
 
+    def ended(self) -> list[Outgoing]:
+        """The entries done with, for better or worse: not to be tried again."""
+        return [*self.done, *(item for item, _ in [*self.lost, *self.abandoned])]
+
 
 class Outbox:
     """Pending deletes and releases, per queue and kind, in the order they were decided."""
@@ -91,6 +96,10 @@ class Outbox:
     def __iter__(self) -> Iterator[Outgoing]:
         for items in self._waiting.values():
             yield from items
+
+    def deletes_waiting(self) -> int:
+        """Deletes not yet on the wire: what the ``deletes_pending`` gauge shows."""
+        return sum(1 for item in self if item.request is Request.DELETE)
 
     def add(self, item: Outgoing, due_at: float) -> None:
         """Wait until ``due_at`` at the latest; sooner if a batch fills up or another is due.
@@ -138,32 +147,49 @@ class Outbox:
     def _due(item: Outgoing, flushing: bool) -> float:
         return float("-inf") if flushing and not item.attempts else item.due_at
 
-    def due_batches(self, now: float, flushing: bool = False) -> list[OutboxBatch]:
+    def due_batches(
+        self, now: float, flushing: bool = False, limit: int | None = None
+    ) -> list[OutboxBatch]:
         """The calls to make now; their entries count as on the wire until settled.
 
         Full batches always go. The rest of a queue's entries of one kind go together
         once any of them is due, so an entry due now takes the others along instead of
-        leaving them for a call of their own a moment later.
+        leaving them for a call of their own a moment later. At most ``limit`` calls
+        (None: every due one); what does not fit waits, still due, in its place.
         """
-        batches = []
+        batches: list[OutboxBatch] = []
         for key in list(self._waiting):
-            items = _sendable(self._waiting[key])
-            held = [item for item in self._waiting[key] if item.lease.renewing]
-            if any(self._due(item, flushing) <= now for item in items):
-                sending, kept = items, held
-            else:
-                full = len(items) - len(items) % SQS_BATCH_SIZE
-                sending, kept = items[:full], items[full:] + held
-            if kept:
-                self._waiting[key] = kept
-            else:
-                del self._waiting[key]
+            room = None if limit is None else limit - len(batches)
+            if room is not None and room <= 0:
+                break
             queue, request = key
-            for start in range(0, len(sending), SQS_BATCH_SIZE):
-                chunk = tuple(sending[start : start + SQS_BATCH_SIZE])
+            for chunk in self._take_due(key, now, flushing, room):
                 batches.append(OutboxBatch(queue, request, chunk))
                 self._in_flight += len(chunk)
         return batches
+
+    def _take_due(
+        self, key: tuple[Hashable, Request], now: float, flushing: bool, room: int | None
+    ) -> list[tuple[Outgoing, ...]]:
+        """Take the due calls of one queue and kind, ``room`` at most, leaving the rest."""
+        items = _sendable(self._waiting[key])
+        held = [item for item in self._waiting[key] if item.lease.renewing]
+        if any(self._due(item, flushing) <= now for item in items):
+            sending, kept = items, held
+        else:
+            full = len(items) - len(items) % SQS_BATCH_SIZE
+            sending, kept = items[:full], items[full:] + held
+        if room is not None and len(sending) > room * SQS_BATCH_SIZE:
+            kept = sending[room * SQS_BATCH_SIZE :] + kept
+            sending = sending[: room * SQS_BATCH_SIZE]
+        if kept:
+            self._waiting[key] = kept
+        else:
+            del self._waiting[key]
+        return [
+            tuple(sending[start : start + SQS_BATCH_SIZE])
+            for start in range(0, len(sending), SQS_BATCH_SIZE)
+        ]
 
     def settle(
         self,

@@ -23,10 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["PrefetchRoom", "full_call_room"]
+from .sqs_facts import SQS_MAX_MESSAGES
 
-#: ReceiveMessage returns at most ten messages.
-SQS_MAX_MESSAGES = 10
+__all__ = ["PrefetchRoom", "full_call_room"]
 
 
 def full_call_room(prefetch_count: int) -> int:

@@ -1,8 +1,9 @@
 """The thin layer that talks to SQS: one batch call (visibility change or delete) and its answer.
 
-Every outcome, including a network fault, becomes an :class:`EntryResult` per entry, so
-the caller never sees an exception from here: a renewal thread that died on one bad
-answer would silently stop renewing every lease in the process.
+Every answer of SQS and every fault of botocore or the network becomes an
+:class:`EntryResult` per entry: a call's thread that died on one bad answer would leave
+its leases marked as being renewed. The manager still guards against what nobody
+foresaw (a bug, an answer botocore cannot parse) and counts it as a failed call.
 """
 
 from __future__ import annotations
@@ -19,17 +20,26 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .leases import EntryResult, Lease
 from .sqs_facts import LOST_LEASE_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
 
-__all__ = ["MAX_CALLS_IN_FLIGHT", "SQSQueue", "renewal_client"]
+__all__ = ["MAX_CALLS_IN_FLIGHT", "MAX_SENDS_IN_FLIGHT", "SQSQueue", "renewal_client"]
 
 #: How much of a receipt handle a log line may show.
 HANDLE_PREFIX = 8
 
-#: Renewal calls a process has on the wire at once, and so the renewal client's connection
-#: pool, so no call waits for a connection or opens one that urllib3 throws away. A call
-#: renews ten leases for about 26 s: when SQS takes 2 s a call, ten calls in flight keep
-#: only about 1,300 leases, 100 keep 13,000 (benchmarks/renewal_requests.py). On a fast
-#: SQS a few are in flight at once, whatever the number of leases.
+#: Renewal calls a process has on the wire at once. A call renews ten leases for about
+#: 26 s: when SQS takes 2 s a call, ten calls in flight keep only about 1,300 leases, 100
+#: keep 13,000 (benchmarks/renewal_requests.py). On a fast SQS a few are in flight at
+#: once, whatever the number of leases.
 MAX_CALLS_IN_FLIGHT = 100
+
+#: Deletes and releases on the wire at once, a budget apart from the renewals' so that a
+#: brownout of deletes can never take the slots renewals need. At 4 s a call, 50 calls
+#: of ten settle 125 acks a second; past that, acks wait in the outbox with their leases
+#: renewed, which costs calls but no task.
+MAX_SENDS_IN_FLIGHT = 50
+
+#: The client's connection pool: one connection per call that may be on the wire, so no
+#: call waits for a connection or opens one that urllib3 throws away.
+POOL_CONNECTIONS = MAX_CALLS_IN_FLIGHT + MAX_SENDS_IN_FLIGHT
 
 #: Renewals are retried by the manager on its next check, so a call must fail fast rather
 #: than hang in botocore's retries while other leases come due.
@@ -54,7 +64,7 @@ def renewal_client(source: BaseClient) -> BaseClient:
             config=source.meta.config.merge(RENEWAL_CLIENT_CONFIG).merge(
                 Config(
                     max_pool_connections=max(
-                        source.meta.config.max_pool_connections, MAX_CALLS_IN_FLIGHT
+                        source.meta.config.max_pool_connections, POOL_CONNECTIONS
                     )
                 )
             ),

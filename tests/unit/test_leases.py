@@ -9,7 +9,6 @@ import pytest
 
 from celery_sqs_heartbeat.leases import (
     LOOKS_PER_BATCH,
-    SQS_BATCH_SIZE,
     AdaptiveMargin,
     EntryResult,
     Lease,
@@ -19,6 +18,7 @@ from celery_sqs_heartbeat.leases import (
     RenewalBatch,
     Settlement,
 )
+from celery_sqs_heartbeat.sqs_facts import SQS_BATCH_SIZE
 
 from .conftest import POLICY, make_lease
 
@@ -475,6 +475,31 @@ def test_end_of_an_idle_lease_with_a_delay_returns_its_release() -> None:
     assert release == Release(lease, 60, "failure")
     assert not book.releases_waiting()
     assert book.due_batches(20) == []
+
+
+def test_a_suspended_lease_is_not_renewed_until_resumed_and_then_at_once() -> None:
+    deleting = make_lease("q", task_id="deleting")
+    running = make_lease("q", task_id="running")
+    book = book_of(deleting, running)
+
+    book.suspend(deleting)
+
+    assert leases_of(book.due_batches(20)) == [running]
+    book.resume(deleting)  # its delete failed: it is overdue, so due now
+    assert leases_of(book.due_batches(25)) == [deleting]
+
+
+def test_resume_takes_back_neither_an_ended_lease_nor_a_held_one_twice() -> None:
+    ended = make_lease("q", task_id="ended")
+    held = make_lease("q", task_id="held")
+    book = book_of(ended, held)
+    book.suspend(ended)
+    book.end(ended)
+
+    book.resume(ended)
+    book.resume(held)
+
+    assert list(book) == [held]
 
 
 def test_end_twice_is_harmless() -> None:

@@ -14,12 +14,12 @@ from celery_sqs_heartbeat import manager as manager_module
 from celery_sqs_heartbeat.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.manager import (
     BATCHES_PER_HOLD,
-    SUMMARY_INTERVAL,
     LeaseStatus,
     VisibilityExtensionManager,
     shared_manager,
 )
 from celery_sqs_heartbeat.metrics import LeaseMetrics, process_metrics
+from celery_sqs_heartbeat.reporting import SUMMARY_INTERVAL
 from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT
 
 from .conftest import FakeClock, FakeQueue, make_lease
@@ -687,7 +687,7 @@ def test_an_exception_in_check_is_logged_and_the_loop_goes_on(
     monkeypatch.setattr(manager, "check", check)
 
     with caplog.at_level(logging.ERROR, logger=MANAGER_LOGGER), pytest.raises(_StopLoop):
-        manager._run()
+        manager._loop.run()
 
     assert len(checks) == 3  # the loop survived the first failure
     errors = [r for r in caplog.records if r.name == MANAGER_LOGGER]
@@ -771,22 +771,36 @@ def test_a_forked_child_does_not_inherit_the_shared_manager(
 
 def test_the_thread_starts_at_the_first_track_not_before(queue: FakeQueue) -> None:
     manager = VisibilityExtensionManager(clock=FakeClock())
-    assert manager._thread is None
+    assert manager._loop._thread is None
     manager.check()
     manager.flush(0)
-    assert manager._thread is None
+    assert manager._loop._thread is None
 
     lease = make_lease(queue)
     # A long interval: the thread waits and does nothing while the test runs.
     manager.track(lease, check_interval=3600)
-    thread = manager._thread
+    thread = manager._loop._thread
     manager.end(lease)
 
     assert thread is not None
     assert thread.is_alive()
     assert thread.daemon
     manager.track(make_lease(queue, task_id="second"), check_interval=3600)
-    assert manager._thread is thread
+    assert manager._loop._thread is thread
+
+
+def test_stop_ends_the_thread_for_good(queue: FakeQueue) -> None:
+    manager = VisibilityExtensionManager(clock=FakeClock())
+    manager.track(make_lease(queue), check_interval=3600)
+    thread = manager._loop._thread
+    assert thread is not None
+
+    assert manager.stop(5) == 0
+    thread.join(5)
+
+    assert not thread.is_alive()
+    manager.track(make_lease(queue, task_id="second"), check_interval=3600)
+    assert manager._loop._thread is thread  # not started again
 
 
 # --- counters -----------------------------------------------------------------------------
@@ -810,7 +824,7 @@ def counted(
 def test_a_manager_counts_into_the_process_counters_by_default() -> None:
     manager = VisibilityExtensionManager(clock=FakeClock())
 
-    assert manager._metrics is process_metrics()
+    assert manager._report.metrics is process_metrics()
 
 
 def test_each_renewal_call_is_counted_with_its_entries_and_their_margins(
@@ -1190,7 +1204,7 @@ def test_an_idle_thread_wakes_for_an_owed_summary_then_sleeps_until_woken(
     monkeypatch.setattr(counted._changed, "wait", wait)
 
     with pytest.raises(_StopLoop):
-        counted._run()
+        counted._loop.run()
 
     assert waits == [0.0, None]
     (summary,) = summaries_in(caplog)
@@ -1235,7 +1249,6 @@ def test_a_check_renewing_a_burst_holds_the_lock_for_a_few_calls_at_a_time(
     counting = _CountingLock(manager)
     manager._lock = counting  # type: ignore[assignment]
     manager._changed = threading.Condition(counting)  # type: ignore[arg-type]
-    manager._call_done = threading.Condition(counting)  # type: ignore[arg-type]
     clock.now = 30  # 5,000 due
 
     manager.check()
@@ -1343,3 +1356,114 @@ def caplog_quiet() -> contextlib.AbstractContextManager[None]:
             logger.setLevel(level)
 
     return quiet()
+
+
+# --- no call waits for another ------------------------------------------------------------
+
+
+class _Gate(FakeQueue):
+    """A queue whose deletes, or releases, stay on the wire until the test opens the gate.
+
+    Renewals answer at once and say so through ``renewed``.
+    """
+
+    def __init__(self, hold: str) -> None:
+        super().__init__()
+        self.hold = hold
+        self.gate = threading.Event()
+        self.on_wire = threading.Event()
+        self.renewed = threading.Event()
+        #: Set when the held call came back: a check that waited for it set it first.
+        self.returned = threading.Event()
+        #: Deletes as they go on the wire (``deletes`` records them as they come back).
+        self.sent: list[list[Lease]] = []
+
+    def delete(self, leases: Any) -> Any:
+        self.sent.append(list(leases))
+        if self.hold == "delete":
+            self._hold()
+        return super().delete(leases)
+
+    def _hold(self) -> None:
+        self.on_wire.set()
+        try:
+            assert self.gate.wait(10)
+        finally:
+            self.returned.set()
+
+    def change_visibility(self, entries: Any) -> Any:
+        if self.hold == "release" and any(seconds == 0 for _, seconds in entries):
+            self._hold()
+            return super().change_visibility(entries)
+        answer = super().change_visibility(entries)
+        self.renewed.set()
+        return answer
+
+
+@pytest.mark.parametrize("hold", ["delete", "release"])
+def test_a_delete_or_release_on_the_wire_holds_back_no_renewal(
+    manager: VisibilityExtensionManager, clock: FakeClock, hold: str
+) -> None:
+    queue = _Gate(hold)
+    finished = tracked(manager, queue, task_id="finished")
+    running = tracked(manager, queue, task_id="running")
+    if hold == "delete":
+        manager.delete(finished, wait=0)
+    else:
+        manager.release([(finished, 0)], "failure")
+    manager.check(wait=False)
+    assert not queue.returned.is_set()  # the check did not wait for the slow call
+    assert queue.on_wire.wait(10)
+    clock.now = 20  # the running task's lease is due while the other call hangs
+
+    manager.check(wait=False)
+
+    try:
+        assert queue.renewed.wait(10), "the renewal waited for the slow call"
+        assert [lease for lease, _ in queue.calls[-1]] == [running]
+    finally:
+        queue.gate.set()
+    assert manager.flush(10) == 0
+
+
+def test_a_lease_whose_delete_is_on_the_wire_is_not_renewed_until_the_delete_failed(
+    manager: VisibilityExtensionManager, clock: FakeClock
+) -> None:
+    queue = _Gate("delete")
+    queue.delete_default = (EntryResult.TRANSIENT, "InternalError: later")
+    lease = tracked(manager, queue)
+    manager.delete(lease, wait=0)
+    manager.check(wait=False)
+    assert queue.on_wire.wait(10)
+    clock.now = 20
+
+    manager.check(wait=False)
+    assert len(manager) == 0  # out of the book while SQS decides: no renewal crosses it
+    queue.gate.set()
+    manager.check()  # waits for the delete's answer: it failed, so the lease is back
+    manager.check()  # overdue, and renewed now
+
+    assert queue.calls == [[(lease, 30)]]
+    assert len(manager) == 1
+
+
+def test_when_every_send_slot_is_taken_deletes_wait_in_the_outbox(
+    manager: VisibilityExtensionManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager._sends, "limit", 1)
+    queue = _Gate("delete")
+    first, second = (tracked(manager, queue, task_id=f"t{n}") for n in range(2))
+    manager.delete(first, wait=0)
+    manager.check(wait=False)
+    assert queue.on_wire.wait(10)
+
+    manager.delete(second, wait=0)
+    manager.check(wait=False)
+
+    assert queue.sent == [[first]]
+    assert manager._sleep_time() == INTERVAL  # no spinning on a delete it cannot send
+    queue.gate.set()
+    manager.check()  # waits for the slot, then sends the second delete
+
+    assert queue.sent == [[first], [second]]
+    assert len(manager) == 0

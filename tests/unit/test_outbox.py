@@ -253,3 +253,39 @@ def test_an_entry_never_waits_past_its_lease() -> None:
     outbox.add(capped, due_at=35.0)
 
     assert outbox.next_due() == 30.0 - EXPIRY_MARGIN
+
+
+def test_a_limit_takes_that_many_calls_and_leaves_the_rest_due_in_order() -> None:
+    items = deletes("q", 25)
+    outbox = filled(items, due_at=0.5)
+
+    first = outbox.due_batches(0.5, limit=2)
+
+    assert [list(b.entries) for b in first] == [items[:10], items[10:20]]
+    assert outbox.next_due() == 0.5  # the rest is still due: the caller comes back
+    assert [list(b.entries) for b in outbox.due_batches(0.5, limit=2)] == [items[20:]]
+
+
+def test_no_room_takes_nothing() -> None:
+    outbox = filled(deletes("q", 3), due_at=0.0)
+
+    assert outbox.due_batches(1.0, limit=0) == []
+    assert len(outbox) == 3
+    assert outbox.deletes_waiting() == 3
+
+
+def test_a_settlement_lists_what_is_done_with() -> None:
+    items = deletes("q", 3)
+    outbox = filled(items, due_at=0.0)
+    (batch,) = outbox.due_batches(0.0)
+    done, lost, retried = items
+    results = {
+        done.lease: (EntryResult.OK, ""),
+        lost.lease: (EntryResult.LOST, "ReceiptHandleIsInvalid"),
+        retried.lease: (EntryResult.TRANSIENT, "InternalError"),
+    }
+
+    settlement = outbox.settle(batch, results, now=1.0)
+
+    assert settlement.ended() == [done, lost]
+    assert outbox.deletes_waiting() == 1

@@ -17,7 +17,7 @@ from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, Re
 from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.leases import EntryResult, Lease
-from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT, SQSQueue, renewal_client
+from celery_sqs_heartbeat.sqs import POOL_CONNECTIONS, SQSQueue, renewal_client
 
 from .conftest import make_lease
 
@@ -277,8 +277,8 @@ def test_the_renewal_client_fails_fast_has_a_connection_per_call_and_keeps_the_r
     assert derived.meta.config.connect_timeout == 5
     assert derived.meta.config.read_timeout == 5
     assert derived.meta.config.retries["total_max_attempts"] == 1
-    # Room for every renewal call the manager may have on the wire at once.
-    assert derived.meta.config.max_pool_connections == MAX_CALLS_IN_FLIGHT
+    # Room for every renewal, delete and release the manager may have on the wire at once.
+    assert derived.meta.config.max_pool_connections == POOL_CONNECTIONS
     assert derived.meta.region_name == "eu-west-1"
     assert derived.meta.endpoint_url == "http://localhost:9324"
 
