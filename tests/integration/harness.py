@@ -196,7 +196,7 @@ def send_recorded(
     return Sent(str(result.id), message_ids[0], sent[0])
 
 
-def wait_for(find: Callable[[], T], timeout: float, what: str) -> T:
+def wait_for(find: Callable[[], T], timeout: float, what: str = "the condition") -> T:
     """Poll ``find`` until it returns something true, and return that."""
     deadline = time.monotonic() + timeout
     while not (found := find()):
@@ -401,3 +401,33 @@ def process_gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def log_has(process: Worker, text: str, count: int) -> bool:
+    return process.log.count(text) >= count
+
+
+def assert_queue_empty(bed: Bed) -> None:
+    """Nothing left in the queue, visible or in flight: every task was acked and deleted."""
+    sqs = bed.sqs()
+    url = sqs.get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert attributes == {
+        "ApproximateNumberOfMessages": "0",
+        "ApproximateNumberOfMessagesNotVisible": "0",
+    }
+
+
+def assert_no_visibility_change_after_delete(bed: Bed) -> None:
+    """SQS took no visibility change of a message after its delete: the delete was last."""
+    deleted: dict[str, float] = {}
+    for event in bed.server.events():
+        if not event["queue"].endswith(bed.queue):
+            continue
+        if event["action"] == "delete" and event["result"] == "ok":
+            deleted[event["message_id"]] = event["t"]
+        elif event["action"] == "change_visibility" and event["result"] == "ok":
+            assert event["message_id"] not in deleted, event

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from .harness import Bed, Worker, report, tally, worker
-from .test_receive_faults import assert_queue_empty, log_has, wait_until
+from .harness import Bed, Worker, assert_queue_empty, log_has, report, tally, wait_for, worker
 
 DELETES = ["DeleteMessage", "DeleteMessageBatch"]
 POOLS = [("prefork", 4), ("threads", 4), ("solo", 1), ("gevent", 4)]
@@ -35,7 +34,7 @@ def test_acks_are_deleted_in_batches_on_every_pool(
         IT_PREFETCH_MULTIPLIER=4,
     ) as process:
         bed.wait_for_executions(len(tasks), timeout=60)
-        wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 25, 10)
+        wait_for(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 25, 10)
         log = process.log
     sent = deletes_sent(bed)
     mode = "late" if acks_late == "1" else "early"
@@ -95,11 +94,11 @@ def test_failed_entries_of_a_delete_batch_are_retried_alone(bed: Bed) -> None:
     bed.server.fail_entries("DeleteMessageBatch", "InternalError", count=3)
     with worker(bed, "threads", 4, options={"visibility_timeout": 10}) as process:
         bed.wait_for_executions(len(tasks), timeout=30)
-        wait_until(lambda: not bed.server.pending_faults(), timeout=10)
-        wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 10)
+        wait_for(lambda: not bed.server.pending_faults(), 10)
+        wait_for(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 10)
         # The server has answered the retry; the worker logs the recovery once it has read it.
         recovered = f"Deleting acked messages on queue {bed.queue} works again"
-        wait_until(lambda: recovered in process.log, 5)
+        wait_for(lambda: recovered in process.log, 5)
         log = process.log
     report(
         "failed entries",
@@ -132,7 +131,7 @@ def test_deletes_still_waiting_are_sent_when_the_worker_stops(bed: Bed, signal_n
     try:
         process.wait_ready()
         bed.wait_for_executions(len(tasks), timeout=30)
-        wait_until(lambda: log_has(process, "succeeded in", len(tasks)), timeout=10)
+        wait_for(lambda: log_has(process, "succeeded in", len(tasks)), 10)
         assert deletes_sent(bed) == {"DeleteMessage": 0, "DeleteMessageBatch": 0}
         process.kill(getattr(signal, signal_name))
         process.process.wait(timeout=30)
@@ -153,7 +152,7 @@ def test_opting_out_of_batching_deletes_each_ack_on_its_own(bed: Bed) -> None:
     bed.server.reset_calls()
     with worker(bed, "prefork", 2, options={"visibility_timeout": 10, "ack_batching": False}):
         bed.wait_for_executions(len(tasks), timeout=30)
-        wait_until(lambda: deletes_sent(bed)["DeleteMessage"] >= len(tasks), timeout=10)
+        wait_for(lambda: deletes_sent(bed)["DeleteMessage"] >= len(tasks), 10)
     assert deletes_sent(bed) == {"DeleteMessage": len(tasks), "DeleteMessageBatch": 0}
     assert bed.runs_per_task() == dict.fromkeys(tasks, 1)
     assert_queue_empty(bed)
@@ -171,7 +170,7 @@ def test_a_fifo_queue_s_deletes_go_out_at_once_so_the_group_moves_on(bed: Bed) -
     options = {"visibility_timeout": 30, "ack_batch_interval": batch_wait}
     with worker(bed, "threads", 4, options=options) as process:
         runs = bed.wait_for_executions(len(tasks), timeout=90)
-        wait_until(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 6, 20)
+        wait_for(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 6, 20)
         log = process.log
     report(
         "fifo", **tally(bed, tasks), calls=bed.server.calls(), entries=bed.server.batch_entries()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Bed, overlapping, worker
-from .test_scenarios import assert_no_visibility_change_after_delete
+from .harness import Bed, assert_no_visibility_change_after_delete, overlapping, worker
 
 LEASE = 3
 

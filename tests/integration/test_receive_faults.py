@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 
 import pytest
 
-from .harness import Bed, Worker, report, tally, worker
+from .harness import Bed, Worker, assert_queue_empty, log_has, report, tally, wait_for, worker
 
 LEASE = 4
 
@@ -26,7 +25,7 @@ def test_failed_receives_are_retried_and_the_worker_keeps_consuming(
         bed.wait_for_executions(1, timeout=30)
         for kind, count in TRANSIENT_FAULTS:
             bed.server.inject_fault("ReceiveMessage", kind, count=count)
-        wait_until(lambda: not bed.server.pending_faults(), timeout=60)
+        wait_for(lambda: not bed.server.pending_faults(), 60)
         after = bed.send("busy", "after", 0.1)
         runs = bed.wait_for_executions(2, timeout=60)
         log = process.log
@@ -46,13 +45,6 @@ def test_failed_receives_are_retried_and_the_worker_keeps_consuming(
     assert re.search(rf"Receiving from SQS queue {queue} works again, after \d+ failed", log)
     assert "Unrecoverable error" not in log
     assert "Traceback" not in log
-
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("pool", ["prefork", "gevent"])
@@ -81,7 +73,7 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
     long_ids = [bed.send("busy", f"long-{n}", 2 * outage) for n in range(2)]
     bed.server.reset_calls()
     with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
-        wait_until(lambda: log_has(process, "Task tests.integration.app.busy", 2), timeout=30)
+        wait_for(lambda: log_has(process, "Task tests.integration.app.busy", 2), 30)
         time.sleep(1)
         before = bed.server.calls()
         bed.server.outage(outage, "drop_connection")
@@ -113,20 +105,3 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
     assert renewals <= LEASE + 2, (before, during)
     assert "Traceback" not in log
     assert_queue_empty(bed)
-
-
-def log_has(process: Worker, text: str, count: int) -> bool:
-    return process.log.count(text) >= count
-
-
-def assert_queue_empty(bed: Bed) -> None:
-    sqs = bed.sqs()
-    url = sqs.get_queue_url(QueueName=bed.queue)["QueueUrl"]
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    assert attributes == {
-        "ApproximateNumberOfMessages": "0",
-        "ApproximateNumberOfMessagesNotVisible": "0",
-    }

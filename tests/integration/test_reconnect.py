@@ -7,8 +7,7 @@ import collections
 import celery
 import pytest
 
-from .harness import Bed, records, worker
-from .test_receive_faults import assert_queue_empty
+from .harness import Bed, assert_queue_empty, records, worker
 
 LEASE = 3
 

@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from .harness import REPO, Bed, Worker, overlapping, worker
+from .harness import (
+    REPO,
+    Bed,
+    Worker,
+    assert_no_visibility_change_after_delete,
+    overlapping,
+    worker,
+)
 
 LEASE = 3
 
@@ -197,14 +204,3 @@ def test_bad_option_stops_the_worker_at_start_up(bed: Bed, options: dict, messag
     )
     assert process.returncode != 0
     assert message in process.stdout + process.stderr
-
-
-def assert_no_visibility_change_after_delete(bed: Bed) -> None:
-    deleted: dict[str, float] = {}
-    for event in bed.server.events():
-        if not event["queue"].endswith(bed.queue):
-            continue
-        if event["action"] == "delete" and event["result"] == "ok":
-            deleted[event["message_id"]] = event["t"]
-        elif event["action"] == "change_visibility" and event["result"] == "ok":
-            assert event["message_id"] not in deleted, event
