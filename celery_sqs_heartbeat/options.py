@@ -117,20 +117,7 @@ class HeartbeatOptions:
             )
         threshold = _threshold(options, visibility_timeout)
         interval = _interval(options, visibility_timeout, threshold)
-        maximum = None
-        if _given(options, "visibility_extension_max", None) is not None:
-            maximum = _seconds(
-                options,
-                "visibility_extension_max",
-                0.0,
-                f"None or from visibility_timeout ({visibility_timeout}) to "
-                f"{SQS_MAX_HOLD_SECONDS} seconds",
-            )
-            if not visibility_timeout <= maximum <= SQS_MAX_HOLD_SECONDS:
-                raise InvalidTransportOption(
-                    f"visibility_extension_max={maximum!r}: must be None or from "
-                    f"visibility_timeout ({visibility_timeout}) to {SQS_MAX_HOLD_SECONDS} seconds"
-                )
+        maximum = _extension_max(options, visibility_timeout)
         return replace(
             base,
             visibility_extension_threshold=threshold,
@@ -287,6 +274,25 @@ def _ack_batch_interval(
             f"ack_batch_interval={value!r}: allowed range is {allowed} seconds"
         )
     return value
+
+
+def _extension_max(options: Mapping[str, Any], visibility_timeout: int) -> float | None:
+    """``visibility_extension_max``: None (SQS's own limit) or a lease's worth up to it."""
+    if _given(options, "visibility_extension_max", None) is None:
+        return None
+    maximum = _seconds(
+        options,
+        "visibility_extension_max",
+        0.0,
+        f"None or from visibility_timeout ({visibility_timeout}) to "
+        f"{SQS_MAX_HOLD_SECONDS} seconds",
+    )
+    if not visibility_timeout <= maximum <= SQS_MAX_HOLD_SECONDS:
+        raise InvalidTransportOption(
+            f"visibility_extension_max={maximum!r}: must be None or from "
+            f"visibility_timeout ({visibility_timeout}) to {SQS_MAX_HOLD_SECONDS} seconds"
+        )
+    return maximum
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:
