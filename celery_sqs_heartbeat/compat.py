@@ -18,6 +18,15 @@ table of every overridden method):
 - kombu 5.7 broadcasts (``supports_fanout``) through SNS; before it, a broadcast on SQS
   reached no worker, so ``celery inspect`` and ``celery control`` cannot work there.
   :data:`KOMBU_BROADCASTS_THROUGH_SNS` tells the transport whether to declare fanout.
+- kombu 5.5's asynchronous HTTP client (urllib3's) makes each request inline, on the
+  event loop: a long poll holds the worker's loop for up to ``wait_time_seconds``, 10 s by
+  default, and nothing else runs meanwhile. In a prefork worker that loop also hands
+  received tasks to the pool and reads their results, so a task started up to one long
+  poll after it was received, and its ack or reject (a failed task's release) came up to
+  one long poll after it ended; with room in the prefetch window, the loop is in a long
+  poll almost all the time. kombu 5.6 and later wait for the answer on the loop (pycurl).
+  :meth:`SQSChannel._send_long_poll` makes 5.5's receive on a thread of its own, which
+  hands the answer back to the loop and wakes it (:class:`LoopWaker`).
 - kombu 5.7 deletes a message rejected without requeue (``_delete_rejected_message``,
   unless the queue has a dead-letter queue); 5.5 and 5.6 leave it to come back when its
   visibility timeout ends. The transport keeps each release's own behaviour: its
@@ -26,11 +35,20 @@ table of every overridden method):
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import suppress
+from importlib.util import find_spec
 from queue import Empty
-from typing import Any
+from typing import Any, ClassVar, cast
 
+from kombu.asynchronous import Hub
 from kombu.asynchronous.aws.sqs.message import AsyncMessage
 from kombu.transport import SQS
+
+from .sqs import receive_client
 
 try:
     from kombu.transport.SQS.exceptions import (
@@ -45,9 +63,12 @@ except ImportError:  # kombu 5.5 and 5.6: the transport is one module
 
 __all__ = [
     "KOMBU_BROADCASTS_THROUGH_SNS",
+    "KOMBU_RECEIVES_ON_THE_LOOP",
     "DoesNotExistQueueException",
+    "LoopWaker",
     "SQSChannel",
     "UndefinedQueueException",
+    "call_soon_waking",
     "is_backoff_task",
 ]
 
@@ -57,12 +78,75 @@ KOMBU_HAS_RECEIVE_METHOD = hasattr(SQS.Channel, "_receive_message")
 #: kombu 5.7 and later turn a fanout exchange into an SNS topic with the queues subscribed.
 KOMBU_BROADCASTS_THROUGH_SNS = hasattr(SQS.Channel, "_put_fanout")
 
+#: kombu 5.6 and later wait for an SQS answer on the event loop (pycurl's client); kombu
+#: 5.5 has only urllib3's, which makes the request inline and holds the loop meanwhile.
+KOMBU_RECEIVES_ON_THE_LOOP = find_spec("kombu.asynchronous.http.curl") is not None
+
 #: What kombu's asynchronous client asks for when the user did not say.
 _DEFAULT_ATTRIBUTES = ["ApproximateReceiveCount"]
 
 
 class SQSChannel(SQS.Channel):
-    """kombu's SQS channel, with the receive path of kombu 5.6 and later on 5.5 too."""
+    """kombu's SQS channel, with the receive paths of kombu 5.6 and later on 5.5 too."""
+
+    def _send_long_poll(
+        self, queue_name: str, queue_url: str, connection: Any, count: int, answered: Any
+    ) -> None:
+        """The worker's asynchronous ReceiveMessage; the loop gets the answer in ``answered``.
+
+        ``answered`` (a promise) is called with SQS's answer, or thrown the error, on the
+        event loop.
+        """
+        if KOMBU_RECEIVES_ON_THE_LOOP:
+            connection.receive_message(
+                queue_name,
+                queue_url,
+                number_messages=count,
+                visibility_timeout=self.visibility_timeout,
+                wait_time_seconds=self.wait_time_seconds,
+                callback=answered,
+            )
+            return
+        request = {
+            "QueueUrl": queue_url,
+            "MaxNumberOfMessages": count,
+            "VisibilityTimeout": self.visibility_timeout,
+            "WaitTimeSeconds": self.wait_time_seconds,
+        }
+        # What kombu's asynchronous client asks for: ApproximateReceiveCount unless told.
+        if connection.fetch_message_attributes:
+            request["AttributeNames"] = list(connection.fetch_message_attributes)
+        self._receive_on_a_thread(queue_name, request, answered)
+
+    def _receive_on_a_thread(self, queue_name: str, request: dict[str, Any], answered: Any) -> None:
+        """kombu 5.5: the receive its client would make on the loop, on a thread of its own.
+
+        One attempt, as kombu's client makes (:func:`~celery_sqs_heartbeat.sqs.receive_client`);
+        the answer, or the error, is handed to the loop, which is woken for it.
+        """
+        client = receive_client(self.sqs(queue=queue_name))
+        waker = LoopWaker.of(cast(Hub, self.hub))
+
+        def on_the_loop(deliver: Callable[..., Any], outcome: Any) -> None:
+            # A channel closed meanwhile has no consumer left to take the messages: SQS
+            # shows them again when their visibility timeout ends, as it does the answer
+            # of a poll still pending at the close on kombu 5.6 and later.
+            if not self.closed:
+                deliver(outcome)
+
+        def receive() -> None:
+            try:
+                answer = client.receive_message(**request)
+            except Exception as exc:
+                waker.call_soon(on_the_loop, answered.throw, exc)
+            else:
+                waker.call_soon(on_the_loop, answered, answer)
+
+        thread = threading.Thread(target=receive, name="celery-sqs-heartbeat-receive", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread at interpreter shutdown: kombu 5.5's own way
+            receive()
 
     if not KOMBU_HAS_RECEIVE_METHOD:
 
@@ -116,3 +200,68 @@ def is_backoff_task(qos: Any, delivery_tag: str) -> bool:
     if not (routing_key and message and backoff_tasks and backoff_policy):
         return False
     return (message.headers or {}).get("task") in backoff_tasks
+
+
+def call_soon_waking(hub: Hub, callback: Callable[..., Any], *args: Any) -> None:
+    """``hub.call_soon`` from any thread, waking the loop if it watches a :class:`LoopWaker`.
+
+    On kombu 5.5 a loop watches one from its first receive on, and then polls its file
+    descriptors until the next timer instead of napping 0.1 s at a time (threads pool):
+    a call from a pool thread would wait for that timer, up to seconds.
+    """
+    waker = LoopWaker._by_loop.get(hub)
+    if waker is None:
+        hub.call_soon(callback, *args)
+    else:
+        waker.call_soon(callback, *args)
+
+
+class LoopWaker:
+    """Hands a call from another thread to kombu's event loop, and wakes the loop for it.
+
+    ``Hub.call_soon`` is safe from any thread, but the loop may sleep in its poll for
+    seconds, until its next timer; a byte written to a pipe the loop watches ends the
+    poll at once. One waker per loop, for the life of the process.
+    """
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[Hub, LoopWaker]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = weakref.ref(hub)
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        # Closed when no thread can write any more: a thread that still might keeps the
+        # waker alive, so a later file never gets this descriptor number under its feet.
+        weakref.finalize(self, _close, self._read, self._write)
+
+    @classmethod
+    def of(cls, hub: Hub) -> LoopWaker:
+        """The loop's waker, watched by the loop; from the loop's own thread only."""
+        waker = cls._by_loop.get(hub)
+        if waker is None:
+            waker = cls._by_loop[hub] = cls(hub)
+        # A loop that restarts (Celery's consumer reconnecting) forgets what it watched.
+        if waker._read not in hub.readers:
+            hub.add_reader(waker._read, waker._drain)
+        return waker
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Run ``callback(*args)`` on the loop's next turn; from any thread."""
+        hub = self._hub()
+        if hub is None:
+            return
+        hub.call_soon(callback, *args)
+        # A full pipe means the loop has a wake-up waiting already.
+        with suppress(BlockingIOError):
+            os.write(self._write, b"\0")
+
+    def _drain(self) -> None:
+        with suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)

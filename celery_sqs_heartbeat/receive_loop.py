@@ -30,7 +30,7 @@ from kombu.asynchronous import Hub
 from vine import promise
 
 from . import metrics
-from .compat import SQSChannel
+from .compat import SQSChannel, call_soon_waking
 from .prefetch import PrefetchRoom, full_call_room
 from .receive_gate import ReceiveGate
 from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error
@@ -120,7 +120,7 @@ class ReceivingChannel(SQSChannel):
         would park it again when kombu's wait settled it for less than a full call.
         """
         for queue in self._prefetch_room.freed():
-            self._event_loop.call_soon(self._receive_now, queue)
+            call_soon_waking(self._event_loop, self._receive_now, queue)
 
     def _room_worth_a_receive(self, queue: str | None) -> int:
         """A full call's room, except on FIFO queues, which receive one at a time."""
@@ -171,13 +171,8 @@ class ReceivingChannel(SQSChannel):
             (queue_name, queue_url, callback),
             on_error=self._on_receive_error,
         )
-        connection.receive_message(
-            queue_name,
-            queue_url,
-            number_messages=receive_size(queue_name, count),
-            visibility_timeout=self.visibility_timeout,
-            wait_time_seconds=self.wait_time_seconds,
-            callback=answered,
+        self._send_long_poll(
+            queue_name, queue_url, connection, receive_size(queue_name, count), answered
         )
         return answered
 

@@ -20,7 +20,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .leases import EntryResult, Lease
 from .sqs_facts import LOST_LEASE_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
 
-__all__ = ["MAX_CALLS_IN_FLIGHT", "MAX_SENDS_IN_FLIGHT", "SQSQueue", "renewal_client"]
+__all__ = [
+    "MAX_CALLS_IN_FLIGHT",
+    "MAX_SENDS_IN_FLIGHT",
+    "SQSQueue",
+    "receive_client",
+    "renewal_client",
+]
 
 #: How much of a receipt handle a log line may show.
 HANDLE_PREFIX = 8
@@ -45,34 +51,54 @@ POOL_CONNECTIONS = MAX_CALLS_IN_FLIGHT + MAX_SENDS_IN_FLIGHT
 #: than hang in botocore's retries while other leases come due.
 RENEWAL_CLIENT_CONFIG = Config(connect_timeout=5, read_timeout=5, retries={"total_max_attempts": 1})
 
+#: SQS holds a long poll for 20 s at most (``WaitTimeSeconds``): the receive client waits
+#: that long, and a few seconds more, for an answer.
+SQS_MAX_WAIT_SECONDS = 20
+
+#: The receive that kombu 5.5 would make on the event loop, made on a thread instead
+#: (:mod:`celery_sqs_heartbeat.compat`): one attempt, like kombu's asynchronous client, so
+#: that a failure reaches the receive loop's backoff at once, not after botocore's retries.
+RECEIVE_CLIENT_CONFIG = Config(
+    connect_timeout=5, read_timeout=SQS_MAX_WAIT_SECONDS + 5, retries={"total_max_attempts": 1}
+)
+
 _renewal_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
+_receive_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 
 
 def renewal_client(source: BaseClient) -> BaseClient:
-    """The queue's own client, but with :data:`RENEWAL_CLIENT_CONFIG`.
+    """The queue's own client, but with :data:`RENEWAL_CLIENT_CONFIG`."""
+    pool = max(source.meta.config.max_pool_connections, POOL_CONNECTIONS)
+    config = RENEWAL_CLIENT_CONFIG.merge(Config(max_pool_connections=pool))
+    return _derived_client(source, config, _renewal_clients)
+
+
+def receive_client(source: BaseClient) -> BaseClient:
+    """The queue's own client, but with :data:`RECEIVE_CLIENT_CONFIG`."""
+    return _derived_client(source, RECEIVE_CLIENT_CONFIG, _receive_clients)
+
+
+def _derived_client(
+    source: BaseClient, config: Config, made: weakref.WeakKeyDictionary[BaseClient, BaseClient]
+) -> BaseClient:
+    """``source`` with ``config`` on top, made once per source.
 
     Same region, endpoint and configuration, and the same credentials object, so
     credentials that refresh themselves (instance roles, SSO) keep refreshing here too.
     botocore has no public way to share credentials between clients, hence the signer.
     """
-    derived = _renewal_clients.get(source)
+    derived = made.get(source)
     if derived is None:
         derived = botocore.session.Session().create_client(
             "sqs",
             region_name=source.meta.region_name,
             endpoint_url=source.meta.endpoint_url,
-            config=source.meta.config.merge(RENEWAL_CLIENT_CONFIG).merge(
-                Config(
-                    max_pool_connections=max(
-                        source.meta.config.max_pool_connections, POOL_CONNECTIONS
-                    )
-                )
-            ),
+            config=source.meta.config.merge(config),
             aws_access_key_id="replaced-below",
             aws_secret_access_key="replaced-below",
         )
         derived._request_signer._credentials = source._request_signer._credentials
-        _renewal_clients[source] = derived
+        made[source] = derived
     return derived
 
 

@@ -17,7 +17,12 @@ from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, Re
 from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.leases import EntryResult, Lease
-from celery_sqs_heartbeat.sqs import POOL_CONNECTIONS, SQSQueue, renewal_client
+from celery_sqs_heartbeat.sqs import (
+    POOL_CONNECTIONS,
+    SQSQueue,
+    receive_client,
+    renewal_client,
+)
 
 from .conftest import make_lease
 
@@ -313,6 +318,25 @@ def test_the_renewal_client_is_made_once_per_source() -> None:
 
     assert renewal_client(first) is renewal_client(first)
     assert renewal_client(first) is not renewal_client(second)
+
+
+def test_the_receive_client_makes_one_attempt_and_outwaits_the_longest_long_poll() -> None:
+    source = sqs_client(
+        endpoint_url="http://localhost:9324",
+        config=Config(read_timeout=10, retries={"max_attempts": 10}, max_pool_connections=3),
+    )
+
+    derived = receive_client(source)
+
+    assert derived is not source
+    assert derived is not renewal_client(source)
+    assert derived is receive_client(source)
+    assert derived.meta.config.retries["total_max_attempts"] == 1
+    # SQS holds a long poll for 20 s at most.
+    assert derived.meta.config.read_timeout > 20
+    assert derived.meta.config.max_pool_connections == 3
+    assert derived.meta.endpoint_url == "http://localhost:9324"
+    assert derived._request_signer._credentials is source._request_signer._credentials
 
 
 def test_the_client_source_is_asked_on_every_call() -> None:
