@@ -42,11 +42,6 @@ class CallSlots:
         with self._changed:
             return self.limit - self._in_flight
 
-    @property
-    def busy(self) -> bool:
-        with self._changed:
-            return bool(self._in_flight)
-
     def start(self, call: Callable[[], None]) -> None:
         """Run ``call`` on a thread of its own; it holds a slot until it returns.
 
