@@ -25,7 +25,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 FaultKind = Literal[
     "throttle",
@@ -37,16 +37,7 @@ FaultKind = Literal[
     "garbage",
     "timeout",
 ]
-FAULT_KINDS: tuple[FaultKind, ...] = (
-    "throttle",
-    "server_error",
-    "drop_connection",
-    "delay",
-    "access_denied",
-    "invalid_credentials",
-    "garbage",
-    "timeout",
-)
+FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 """How a faulted call is answered; ``seconds`` is the fault's own duration (the
 ``seconds`` of ``inject_fault``, the ``fault_seconds`` of an outage or a fraction).
 
