@@ -8,6 +8,7 @@ foresaw (a bug, an answer botocore cannot parse) and counts it as a failed call.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,6 +65,11 @@ RECEIVE_CLIENT_CONFIG = Config(
 
 _renewal_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 _receive_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
+#: Making a client loads SQS's service model: a fifth of a second of interpreter time. The
+#: first deletes of a busy worker start side by side, each on its own thread; unserialised,
+#: each made a client of its own and all but one were thrown away, while the receive loop
+#: and the pool waited for the interpreter (a worker's first second, at 15 ms a call).
+_making_clients = threading.Lock()
 
 
 def renewal_client(source: BaseClient) -> BaseClient:
@@ -81,24 +87,29 @@ def receive_client(source: BaseClient) -> BaseClient:
 def _derived_client(
     source: BaseClient, config: Config, made: weakref.WeakKeyDictionary[BaseClient, BaseClient]
 ) -> BaseClient:
-    """``source`` with ``config`` on top, made once per source.
+    """``source`` with ``config`` on top, made once per source, by one thread at a time."""
+    with _making_clients:
+        derived = made.get(source)
+        if derived is None:
+            derived = made[source] = _made_like(source, config)
+    return derived
 
-    Same region, endpoint and configuration, and the same credentials object, so
-    credentials that refresh themselves (instance roles, SSO) keep refreshing here too.
-    botocore has no public way to share credentials between clients, hence the signer.
+
+def _made_like(source: BaseClient, config: Config) -> BaseClient:
+    """Same region, endpoint and configuration, and the same credentials object.
+
+    So credentials that refresh themselves (instance roles, SSO) keep refreshing here
+    too. botocore has no public way to share credentials between clients, hence the signer.
     """
-    derived = made.get(source)
-    if derived is None:
-        derived = botocore.session.Session().create_client(
-            "sqs",
-            region_name=source.meta.region_name,
-            endpoint_url=source.meta.endpoint_url,
-            config=source.meta.config.merge(config),
-            aws_access_key_id="replaced-below",
-            aws_secret_access_key="replaced-below",
-        )
-        derived._request_signer._credentials = source._request_signer._credentials
-        made[source] = derived
+    derived = botocore.session.Session().create_client(
+        "sqs",
+        region_name=source.meta.region_name,
+        endpoint_url=source.meta.endpoint_url,
+        config=source.meta.config.merge(config),
+        aws_access_key_id="replaced-below",
+        aws_secret_access_key="replaced-below",
+    )
+    derived._request_signer._credentials = source._request_signer._credentials
     return derived
 
 

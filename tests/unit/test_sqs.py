@@ -6,6 +6,7 @@ Network faults are raised from botocore's ``before-send`` hook, where a real one
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -318,6 +319,26 @@ def test_the_renewal_client_is_made_once_per_source() -> None:
 
     assert renewal_client(first) is renewal_client(first)
     assert renewal_client(first) is not renewal_client(second)
+
+
+def test_calls_starting_side_by_side_on_a_new_queue_share_one_renewal_client() -> None:
+    """The first deletes of a busy worker start together, each on a thread of its own."""
+    source = sqs_client()
+    start_together = threading.Barrier(6)
+    got: list[BaseClient] = []
+
+    def first_call() -> None:
+        start_together.wait()
+        got.append(renewal_client(source))
+
+    threads = [threading.Thread(target=first_call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(got) == 6
+    assert all(client is got[0] for client in got)
 
 
 def test_the_receive_client_makes_one_attempt_and_outwaits_the_longest_long_poll() -> None:
