@@ -73,6 +73,14 @@ def busy(self, label: str, seconds: float) -> str:
 
 
 @app.task(bind=True)
+def sized(self, label: str, data: str) -> int:
+    """Takes a large argument (a body SQS cannot carry) and records the size it got."""
+    started = time.time()
+    _record(self.request.id, label, started, f"ok:{len(data)}")
+    return len(data)
+
+
+@app.task(bind=True)
 def fails(self, label: str, how: str) -> None:
     """Fails the way a task does when the message should go back to SQS."""
     started = time.time()
