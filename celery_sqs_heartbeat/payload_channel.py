@@ -114,8 +114,9 @@ class PayloadChannel(ReceivingChannel):
         """On the loop: hand the batch to kombu, as if it had just arrived."""
         try:
             readable = self._settle_reads(received, pointers, reads, leases.get)
-            for lease in leases.values():
-                if not lease.ended:
+            for message in readable:
+                lease = leases.get(message.get("ReceiptHandle") or "")
+                if lease is not None:
                     self.lease_table.admit(lease)
             if not self.closed and qname in self.connection._callbacks:
                 super()._on_messages_ready(queue, qname, {"Messages": readable})

@@ -85,3 +85,112 @@ def test_an_offloaded_task_runs_once_and_its_object_goes_after_the_delete(
     assert all(count == 1 for count in bed.runs_per_task().values())
     assert gone, objects(bed, bucket)
     assert_queue_empty(bed)
+
+
+def test_a_retry_publishes_the_large_argument_through_s3_again(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    task_id = bed.send("sized", "retried", "x" * LARGE, "retry", transport_options=options(bucket))
+    bed.server.reset_calls()
+    with worker(bed, "threads", 2, options=options(bucket)) as process:
+        done = bed.wait_for_executions(2, timeout=20)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        log = process.log
+    assert [(r["task_id"], r["outcome"]) for r in done] == [
+        (task_id, "retrying"),
+        (task_id, f"ok:{LARGE}"),
+    ], log
+    assert gone, objects(bed, bucket)
+    # The worker published the retry, and its body went through S3 too.
+    assert bed.server.calls()["s3:PutObject"] == 1
+
+
+def test_a_released_and_dead_lettered_message_keeps_its_object(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE, max_receive_count=2)
+    bed.send("sized", "failing", "x" * LARGE, "error", transport_options=options(bucket))
+    [key] = objects(bed, bucket)
+    run_options = options(bucket, release_on_failure=True)
+    with worker(bed, "threads", 1, options=run_options, IT_ACKS_ON_FAILURE="0") as process:
+        runs = bed.wait_for_executions(2, timeout=15)
+        moved = dead_lettered(bed)
+        log = process.log
+    assert [r["outcome"] for r in runs] == ["failed", "failed"], log
+    assert len(moved) == 1 and json.loads(moved[0]["Body"])[1]["s3Key"] == key
+    assert objects(bed, bucket) == [key]
+
+
+def test_keep_objects_leaves_the_object_for_a_lifecycle_rule(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    bed.send("sized", "kept", "x" * LARGE, transport_options=options(bucket))
+    [key] = objects(bed, bucket)
+    kept = options(bucket, large_payload_keep_objects=True)
+    with worker(bed, "threads", 1, options=kept) as process:
+        done = bed.wait_for_executions(1, timeout=15)
+        emptied = settle(lambda: _queue_empty(bed), timeout=10)
+        log = process.log
+    assert [r["outcome"] for r in done] == [f"ok:{LARGE}"], log
+    assert emptied
+    assert objects(bed, bucket) == [key]
+
+
+def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
+    sqs = bed.sqs()
+    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
+    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=5).get("Messages", []))
+
+
+def _queue_empty(bed: Bed) -> bool:
+    try:
+        assert_queue_empty(bed)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_an_unreadable_object_releases_its_message_with_a_backoff(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    task_id = bed.send("sized", "late", "x" * LARGE, transport_options=options(bucket))
+    [key] = objects(bed, bucket)
+    # Both attempts of the worker's first read fail.
+    bed.server.inject_fault("s3:GetObject", "server_error", count=2)
+    with worker(bed, "threads", 1, options=options(bucket)) as process:
+        done = bed.wait_for_executions(1, timeout=15)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        log = process.log
+    assert [(r["task_id"], r["outcome"]) for r in done] == [(task_id, f"ok:{LARGE}")], log
+    assert log.count(f"Cannot read the body of a large message from s3://{bucket}/{key}") == 1
+    assert "read from S3 again (1 reads failed)" in log
+    assert "x" * 100 not in log
+    assert gone
+    receives = [
+        e for e in bed.server.events() if e["action"] == "receive" and e["queue"] == bed.queue
+    ]
+    released = [
+        e
+        for e in bed.server.events()
+        if e["action"] == "change_visibility" and e["queue"] == bed.queue and e["visibility"] == 1
+    ]
+    assert len(receives) == 2 and len(released) == 1, bed.server.events()
+
+
+def test_s3_down_for_10_s_while_large_tasks_arrive(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    with worker(bed, "threads", 2, options=options(bucket)) as process:
+        bed.server.outage(seconds=10, kind="server_error", actions=["s3:GetObject"])
+        sent = [
+            bed.send("sized", f"t{n}", "x" * LARGE, transport_options=options(bucket))
+            for n in range(6)
+        ]
+        done = bed.wait_for_executions(6, timeout=40)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        alive = process.process.poll() is None
+        log = process.log
+    assert sorted(r["task_id"] for r in done) == sorted(sent), log
+    assert bed.runs_per_task() == dict.fromkeys(sent, 1)
+    assert alive and gone
+    assert log.count("Cannot read the body of a large message") == 1, log
+    assert_queue_empty(bed)
