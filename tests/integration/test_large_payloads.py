@@ -8,14 +8,17 @@ and deletes the object once SQS confirmed the message's delete.
 
 from __future__ import annotations
 
+import base64
 import json
+import subprocess
+import sys
 import uuid
 from typing import Any
 
 import boto3
 import pytest
 
-from .harness import Bed, assert_queue_empty, settle, worker
+from .harness import REPO, Bed, assert_queue_empty, settle, worker
 
 #: Over SQS's 1 MiB once kombu base64-encodes it.
 LARGE = 1_100_000
@@ -194,3 +197,55 @@ def test_s3_down_for_10_s_while_large_tasks_arrive(bed: Bed) -> None:
     assert alive and gone
     assert log.count("Cannot read the body of a large message") == 1, log
     assert_queue_empty(bed)
+
+
+def extended_client(bed: Bed, *args: str, stdin: str = "") -> str:
+    """Run AWS's amazon-sqs-extended-client (tests/integration/extended_client.py)."""
+    config = bed.logs / "aws-config"
+    config.write_text("[default]\ns3 =\n    addressing_style = path\n")
+    env = bed.env(AWS_ENDPOINT_URL=bed.server.endpoint_url, AWS_CONFIG_FILE=config)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.extended_client", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
+def kombu_body(bed: Bed, data: str) -> str:
+    """The SQS body kombu makes of a ``sized`` task, as sent to a scratch queue."""
+    scratch = Bed(bed.server, f"{bed.queue}-scratch", bed.records, bed.logs)
+    url = scratch.create_queue(visibility_timeout=LEASE)
+    scratch.send("sized", "from-aws", data)
+    [message] = bed.sqs().receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+    return str(message["Body"])
+
+
+def test_a_task_sent_through_aws_extended_client_runs_on_the_worker(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    url = bed.create_queue(visibility_timeout=LEASE)
+    # 300 kB: kombu's body fits SQS, and AWS's library offloads it (over 256 KiB).
+    extended_client(bed, "send", url, bucket, stdin=kombu_body(bed, "z" * 300_000))
+    assert len(objects(bed, bucket)) == 1
+    with worker(bed, "threads", 1, options=options(bucket)) as process:
+        done = bed.wait_for_executions(1, timeout=15)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        log = process.log
+    assert [r["outcome"] for r in done] == ["ok:300000"], log
+    assert gone
+
+
+def test_a_message_the_transport_offloaded_is_read_by_aws_extended_client(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    url = bed.create_queue(visibility_timeout=LEASE)
+    task_id = bed.send("sized", "to-aws", "x" * LARGE, transport_options=options(bucket))
+    body = extended_client(bed, "receive", url)
+    message = json.loads(base64.b64decode(body))
+    assert message["headers"]["id"] == task_id
+    args = json.loads(base64.b64decode(message["body"]))[0]
+    assert args == ["to-aws", "x" * LARGE]
