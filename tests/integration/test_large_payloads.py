@@ -249,3 +249,23 @@ def test_a_message_the_transport_offloaded_is_read_by_aws_extended_client(bed: B
     assert message["headers"]["id"] == task_id
     args = json.loads(base64.b64decode(message["body"]))[0]
     assert args == ["to-aws", "x" * LARGE]
+
+
+def test_two_workers_run_each_offloaded_task_once(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    sent = [
+        bed.send("sized", f"t{n}", "x" * LARGE, transport_options=options(bucket)) for n in range(6)
+    ]
+    run_options = options(bucket)
+    with (
+        worker(bed, "prefork", 2, name="w1", options=run_options) as first,
+        worker(bed, "threads", 2, name="w2", options=run_options) as second,
+    ):
+        done = bed.wait_for_executions(6, timeout=30)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        logs = first.log + second.log
+    assert sorted(r["task_id"] for r in done) == sorted(sent), logs
+    assert bed.runs_per_task() == dict.fromkeys(sent, 1)
+    assert gone
+    assert_queue_empty(bed)
