@@ -11,8 +11,8 @@ and after the lease was born, so the lease covers the S3 read.
 
 - On the event loop (prefork, threads, solo), the objects of a batch are read on a
   thread of its own, and the batch is handed to kombu on the loop once they are, so the
-  loop never waits for S3. The loop's next receive of that queue waits for it too, so the
-  prefetch window counts the messages being read.
+  loop never waits for S3. Meanwhile the loop goes on receiving, and the messages being
+  read count against the prefetch window (:class:`ReadingQoS`).
 - On the blocking path (gevent, eventlet), the read is made where kombu turns the batch
   into messages, after the leases were taken.
 
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from botocore.client import BaseClient
 from kombu.asynchronous import Hub
+from kombu.transport import SQS
 from kombu.utils.objects import cached_property
 
 from .compat import LoopWaker
@@ -42,10 +43,26 @@ if TYPE_CHECKING:
     from .leases import Lease
     from .manager import VisibilityExtensionManager
 
-__all__ = ["PayloadChannel"]
+__all__ = ["PayloadChannel", "ReadingQoS"]
 
 #: What a read gave, by the message's place in its batch.
 Reads = dict[int, "str | PayloadUnavailable"]
+
+
+class ReadingQoS(SQS.QoS):
+    """kombu's SQS QoS, counting the messages whose bodies are being read as taken."""
+
+    channel: PayloadChannel
+
+    def can_consume(self) -> bool:
+        estimate = self.can_consume_max_estimate()
+        return estimate is None or estimate > 0
+
+    def can_consume_max_estimate(self) -> int | None:
+        estimate: int | None = super().can_consume_max_estimate()
+        if estimate is None:
+            return None
+        return max(estimate - self.channel.messages_reading, 0)
 
 
 class PayloadChannel(ReceivingChannel):
@@ -58,10 +75,9 @@ class PayloadChannel(ReceivingChannel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Batches of each queue whose objects are being read, and the receive loop's
-        #: next turns that wait for them.
-        self._batches_reading: dict[str, int] = {}
-        self._waiting_for_reads: dict[str, list[Callable[[], Any]]] = {}
+        #: Received messages whose batch waits for its reads: they count against the
+        #: prefetch window (:class:`ReadingQoS`) until they are handed to kombu.
+        self.messages_reading = 0
 
     @cached_property
     def payloads(self) -> PayloadStore | None:
@@ -93,7 +109,7 @@ class PayloadChannel(ReceivingChannel):
         leases = {lease.receipt_handle: lease for lease in self.lease_table.take_unclaimed()}
         client = self.sqs(queue=self.canonical_queue_name(qname))
         waker = LoopWaker.of(cast(Hub, self.hub))
-        self._batches_reading[qname] = self._batches_reading.get(qname, 0) + 1
+        self.messages_reading += len(received)
 
         def read() -> None:
             reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
@@ -112,6 +128,8 @@ class PayloadChannel(ReceivingChannel):
         reads: Reads,
     ) -> None:
         """On the loop: hand the batch to kombu, as if it had just arrived."""
+        self.messages_reading -= len(received)
+        readable: list[dict[str, Any]] = []
         try:
             readable = self._settle_reads(received, pointers, reads, leases.get)
             for message in readable:
@@ -122,7 +140,8 @@ class PayloadChannel(ReceivingChannel):
                 super()._on_messages_ready(queue, qname, {"Messages": readable})
         finally:
             self._release_unclaimed()
-            self._batch_read(qname)
+            if len(readable) < len(received) and not self.closed:
+                self.prefetch_room_freed()
 
     def _settle_reads(
         self,
@@ -157,22 +176,6 @@ class PayloadChannel(ReceivingChannel):
                 [(lease, unavailable_release_delay(lease.receive_count)) for lease in leases],
                 "payload unavailable",
             )
-
-    def _loop1(self, queue: str, *args: Any) -> None:
-        """kombu's next turn of a queue's receive loop, after the reads of its last batch."""
-        if self._batches_reading.get(queue):
-            self._waiting_for_reads.setdefault(queue, []).append(
-                partial(super()._loop1, queue, *args)
-            )
-            return
-        super()._loop1(queue, *args)
-
-    def _batch_read(self, qname: str) -> None:
-        left = self._batches_reading[qname] = self._batches_reading.get(qname, 1) - 1
-        if left <= 0:
-            self._batches_reading.pop(qname, None)
-            for turn in self._waiting_for_reads.pop(qname, []):
-                turn()
 
     def _messages_to_python(self, messages: list[dict[str, Any]], queue: str) -> Any:
         """The blocking receive: objects are read here, after the leases were taken."""

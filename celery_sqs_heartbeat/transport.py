@@ -47,7 +47,7 @@ from .lease_table import LeaseTable
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
-from .payload_channel import PayloadChannel
+from .payload_channel import PayloadChannel, ReadingQoS
 from .payload_options import LargePayloadOptions
 from .payload_store import PayloadStore
 from .prometheus import start_exporter
@@ -65,7 +65,7 @@ _PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
 
-class QoS(SQS.QoS):
+class QoS(ReadingQoS):
     """kombu's SQS QoS, with a lease for every message it holds unacked."""
 
     channel: Channel
