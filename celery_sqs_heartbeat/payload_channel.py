@@ -78,6 +78,8 @@ class PayloadChannel(ReceivingChannel):
         #: Received messages whose batch waits for its reads: they count against the
         #: prefetch window (:class:`ReadingQoS`) until they are handed to kombu.
         self.messages_reading = 0
+        #: Their leases, set aside from the lease table until the batch is handed over.
+        self._leases_reading: set[Lease] = set()
 
     @cached_property
     def payloads(self) -> PayloadStore | None:
@@ -110,6 +112,7 @@ class PayloadChannel(ReceivingChannel):
         client = self.sqs(queue=self.canonical_queue_name(qname))
         waker = LoopWaker.of(cast(Hub, self.hub))
         self.messages_reading += len(received)
+        self._leases_reading.update(leases.values())
 
         def read() -> None:
             reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
@@ -129,12 +132,18 @@ class PayloadChannel(ReceivingChannel):
     ) -> None:
         """On the loop: hand the batch to kombu, as if it had just arrived."""
         self.messages_reading -= len(received)
+        self._leases_reading.difference_update(leases.values())
         readable: list[dict[str, Any]] = []
         try:
             readable = self._settle_reads(received, pointers, reads, leases.get)
-            for message in readable:
+            for message in list(readable):
                 lease = leases.get(message.get("ReceiptHandle") or "")
-                if lease is not None:
+                if lease is None:
+                    continue
+                if lease.ended:
+                    # Released at the channel's close while its body was being read.
+                    readable.remove(message)
+                else:
                     self.lease_table.admit(lease)
             if not self.closed and qname in self.connection._callbacks:
                 super()._on_messages_ready(queue, qname, {"Messages": readable})
@@ -142,6 +151,13 @@ class PayloadChannel(ReceivingChannel):
             self._release_unclaimed()
             if len(readable) < len(received) and not self.closed:
                 self.prefetch_room_freed()
+
+    def close(self) -> None:
+        """Messages still being read go back to SQS: no consumer is left to take them."""
+        leaving, self._leases_reading = self._leases_reading, set()
+        if leaving:
+            self.manager.release([(lease, 0) for lease in leaving], "shutdown")
+        super().close()
 
     def _settle_reads(
         self,

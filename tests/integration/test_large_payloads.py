@@ -294,3 +294,22 @@ def test_the_lease_covers_a_slow_read_and_the_worker_goes_on_meanwhile(bed: Bed)
         e for e in events if e["action"] == "change_visibility" and e["visibility"] == lease
     ]
     assert len(renewals) >= 2, events
+
+
+def test_a_message_being_read_at_shutdown_goes_back_at_once(bed: Bed) -> None:
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    task_id = bed.send("sized", "read-at-stop", "x" * LARGE, transport_options=options(bucket))
+    bed.server.inject_fault("s3:GetObject", "delay", seconds=6)
+    run_options = options(bucket, visibility_timeout=30)
+    with worker(bed, "threads", 1, name="stopping", options=run_options) as first:
+        settle(lambda: bed.server.calls().get("s3:GetObject", 0) > 0, timeout=10)
+        first.warm_shutdown()
+        first_log = first.log_path.read_text()
+    # Far sooner than the 30 s lease: only a release at shutdown makes it visible now.
+    with worker(bed, "threads", 1, name="next", options=run_options) as second:
+        done = bed.wait_for_executions(1, timeout=10)
+        second_log = second.log
+    assert [(r["task_id"], r["worker"]) for r in done] == [(task_id, "next")], (
+        first_log + second_log
+    )
