@@ -152,14 +152,15 @@ def _queue_empty(bed: Bed) -> bool:
     return True
 
 
-def test_an_unreadable_object_releases_its_message_with_a_backoff(bed: Bed) -> None:
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_an_unreadable_object_releases_its_message_with_a_backoff(bed: Bed, pool: str) -> None:
     bucket = new_bucket(bed)
     bed.create_queue(visibility_timeout=LEASE)
     task_id = bed.send("sized", "late", "x" * LARGE, transport_options=options(bucket))
     [key] = objects(bed, bucket)
     # Both attempts of the worker's first read fail.
     bed.server.inject_fault("s3:GetObject", "server_error", count=2)
-    with worker(bed, "threads", 1, options=options(bucket)) as process:
+    with worker(bed, pool, 1, options=options(bucket)) as process:
         done = bed.wait_for_executions(1, timeout=15)
         gone = settle(lambda: not objects(bed, bucket), timeout=10)
         log = process.log
