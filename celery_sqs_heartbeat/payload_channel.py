@@ -82,14 +82,14 @@ class PayloadChannel(ReceivingChannel):
         self._leases_reading: set[Lease] = set()
 
     @cached_property
-    def payloads(self) -> PayloadStore | None:
-        store: PayloadStore | None = self.connection.payload_store
+    def payloads(self) -> PayloadStore:
+        store: PayloadStore = self.connection.payload_store
         return store
 
     def sqs(self, queue: str | None = None) -> BaseClient:
         """kombu's client for ``queue``, which sends large bodies through S3."""
         client = super().sqs(queue=queue)
-        if self.payloads is not None:
+        if self.payloads.options is not None:
             client.meta.events.register(
                 "provide-client-params.sqs.SendMessage",
                 partial(self.payloads.offload, client),
@@ -107,7 +107,7 @@ class PayloadChannel(ReceivingChannel):
         pointers = self._pointers(received)
         if not pointers or qname not in self.connection._callbacks:
             return super()._on_messages_ready(queue, qname, messages)
-        store = cast(PayloadStore, self.payloads)
+        store = self.payloads
         leases = {lease.receipt_handle: lease for lease in self.lease_table.take_unclaimed()}
         client = self.sqs(queue=self.canonical_queue_name(qname))
         waker = LoopWaker.of(cast(Hub, self.hub))
@@ -181,7 +181,7 @@ class PayloadChannel(ReceivingChannel):
             if outcome is not None:
                 message["Body"] = outcome
                 if lease is not None:
-                    cast(PayloadStore, self.payloads).remember(lease, pointers[index])
+                    self.payloads.remember(lease, pointers[index])
             readable.append(message)
         self._release_unreadable(unreadable)
         return readable
@@ -197,7 +197,7 @@ class PayloadChannel(ReceivingChannel):
         """The blocking receive: objects are read here, after the leases were taken."""
         pointers = self._pointers(messages)
         if pointers:
-            store = cast(PayloadStore, self.payloads)
+            store = self.payloads
             client = self.sqs(queue=self.canonical_queue_name(queue))
             reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
             messages = self._settle_reads(messages, pointers, reads, self.lease_table.received)
@@ -206,8 +206,6 @@ class PayloadChannel(ReceivingChannel):
         return super()._messages_to_python(messages, queue)
 
     def _pointers(self, messages: list[dict[str, Any]]) -> dict[int, S3Pointer]:
-        if self.payloads is None:
-            return {}
         found = {
             index: pointer_in(message.get("Body") or "") for index, message in enumerate(messages)
         }

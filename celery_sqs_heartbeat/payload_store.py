@@ -71,9 +71,14 @@ class PayloadUnavailable(Exception):
 
 
 class PayloadStore:
-    """Bodies in S3 for one connection's options; which object each lease's message has."""
+    """Bodies in S3 for one connection's options.
 
-    def __init__(self, options: LargePayloadOptions) -> None:
+    Without options (no ``large_payload_bucket``) nothing is offloaded, but pointers are
+    still read: a message another producer offloaded is never handed to Celery as a
+    pointer, which Celery would take for a malformed message and drop.
+    """
+
+    def __init__(self, options: LargePayloadOptions | None) -> None:
         self.options = options
         self._lock = threading.Lock()
         self._reads = FailureStreak()
@@ -86,7 +91,7 @@ class PayloadStore:
         """
         body = params.get("MessageBody")
         attributes = params.get("MessageAttributes") or {}
-        if not isinstance(body, str):
+        if self.options is None or not isinstance(body, str):
             return
         size = message_size(body, attributes)
         if not should_offload(size, self.options.threshold):
@@ -126,7 +131,7 @@ class PayloadStore:
 
     def remember(self, lease: Lease, pointer: S3Pointer) -> None:
         """The object to delete once SQS confirms the delete of ``lease``'s message."""
-        if not self.options.keep_objects:
+        if self.options is None or not self.options.keep_objects:
             with _objects_lock:
                 _objects[lease] = pointer
 

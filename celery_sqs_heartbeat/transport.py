@@ -414,7 +414,7 @@ class Transport(SQS.Transport):
             client.transport_options or {}
         )
         payload_options = LargePayloadOptions.from_transport_options(client.transport_options or {})
-        self.payload_store = payload_options and PayloadStore(payload_options)
+        self.payload_store = PayloadStore(payload_options)
         super().__init__(client, **kwargs)
         self.lease_queues: dict[str, SQSQueue] = {}
         if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:

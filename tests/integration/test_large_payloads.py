@@ -229,12 +229,13 @@ def kombu_body(bed: Bed, data: str) -> str:
 
 
 def test_a_task_sent_through_aws_extended_client_runs_on_the_worker(bed: Bed) -> None:
+    """The worker reads pointers whatever its options: this one has no bucket set."""
     bucket = new_bucket(bed)
     url = bed.create_queue(visibility_timeout=LEASE)
     # 300 kB: kombu's body fits SQS, and AWS's library offloads it (over 256 KiB).
     extended_client(bed, "send", url, bucket, stdin=kombu_body(bed, "z" * 300_000))
     assert len(objects(bed, bucket)) == 1
-    with worker(bed, "threads", 1, options=options(bucket)) as process:
+    with worker(bed, "threads", 1, options={"visibility_timeout": LEASE}) as process:
         done = bed.wait_for_executions(1, timeout=15)
         gone = settle(lambda: not objects(bed, bucket), timeout=10)
         log = process.log

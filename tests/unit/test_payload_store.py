@@ -72,3 +72,10 @@ def test_s3_is_asked_at_aws_behind_aws_and_at_a_local_stack_s_endpoint(
     sqs_endpoint: str | None, s3_endpoint: str | None
 ) -> None:
     assert _s3_endpoint(sqs_endpoint) == s3_endpoint
+
+
+def test_without_a_bucket_nothing_is_offloaded(s3: FakeS3) -> None:
+    params = {"MessageBody": "x" * 2_000_000}
+    PayloadStore(None).offload(object(), params)  # type: ignore[arg-type]
+    assert params == {"MessageBody": "x" * 2_000_000}
+    assert s3.puts == []
