@@ -18,6 +18,7 @@ from typing import Any
 
 import boto3
 import pytest
+from celery import Celery, chain
 
 from .harness import REPO, Bed, assert_queue_empty, settle, worker
 
@@ -320,3 +321,32 @@ def test_a_message_being_read_at_shutdown_goes_back_at_once(bed: Bed) -> None:
     assert [(r["task_id"], r["worker"]) for r in done] == [(task_id, "next")], (
         first_log + second_log
     )
+
+
+def test_a_chain_of_large_tasks_goes_through_s3_at_every_link(bed: Bed) -> None:
+    """The chain's first message carries the second task's argument too; the worker
+    publishes the second link itself."""
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    with Celery("producer", set_as_current=False) as app:
+        app.conf.update(
+            broker_url=bed.server.broker_url,
+            broker_transport="celery_sqs_heartbeat:Transport",
+            broker_transport_options={"region": "us-east-1", "is_secure": False, **options(bucket)},
+        )
+        name = "tests.integration.app.sized"
+        links = [
+            app.signature(name, args=(f"link{n}", "x" * LARGE), immutable=True) for n in (1, 2)
+        ]
+        chain(*links).apply_async(queue=bed.queue)
+    bed.server.reset_calls()
+    with worker(bed, "threads", 1, options=options(bucket)) as process:
+        done = bed.wait_for_executions(2, timeout=20)
+        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        log = process.log
+    assert [(r["name"], r["outcome"]) for r in done] == [
+        ("link1", f"ok:{LARGE}"),
+        ("link2", f"ok:{LARGE}"),
+    ], log
+    assert bed.server.calls()["s3:PutObject"] == 1  # the second link, by the worker
+    assert gone
