@@ -63,6 +63,12 @@ def noop(self: Any) -> None:
 
 
 @app.task(bind=True)  # type: ignore[untyped-decorator]
+def takes(self: Any, data: str) -> None:
+    """Takes an argument of the size under test (``large_payloads.py``) and nothing else."""
+    _record(self.request.id, time.time())
+
+
+@app.task(bind=True)  # type: ignore[untyped-decorator]
 def sleep_for(self: Any, seconds: float) -> None:
     """Stands for a job that outlives the visibility timeout."""
     started = time.time()

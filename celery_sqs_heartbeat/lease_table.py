@@ -41,6 +41,17 @@ class LeaseTable:
         """The delivered lease behind ``tag``, if it is still held."""
         return self._delivered.get(tag)
 
+    def received(self, tag: str) -> Lease | None:
+        """The lease behind ``tag`` while its message waits for the consumer."""
+        return self._received.get(tag)
+
+    def take_received(self, tag: str) -> Lease | None:
+        """Forget a message before the consumer got it (its body could not be read)."""
+        lease = self._received.pop(tag, None)
+        if lease is not None:
+            self._forget_message_id(lease, tag)
+        return lease
+
     def admit(self, lease: Lease) -> None:
         """A message has just been received: hold its lease until the consumer claims it."""
         self._received[lease.receipt_handle] = lease

@@ -52,6 +52,11 @@ OPTION_NAMES = (
     "metrics_address",
     "ack_batching",
     "ack_batch_interval",
+    # Read by celery_sqs_heartbeat.payload_options.
+    "large_payload_bucket",
+    "large_payload_prefix",
+    "large_payload_threshold",
+    "large_payload_keep_objects",
 )
 
 

@@ -19,6 +19,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .leases import EntryResult, Lease
+from .payload_store import delete_objects_of
 from .sqs_facts import LOST_LEASE_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
 
 __all__ = [
@@ -141,12 +142,18 @@ class SQSQueue:
         )
 
     def delete(self, leases: Sequence[Lease]) -> dict[Lease, tuple[EntryResult, str]]:
-        """Delete the leases' messages, ten at most, in one call."""
+        """Delete the leases' messages, ten at most, in one call; then their S3 objects.
+
+        An object read from S3 goes only once SQS confirmed its message's delete.
+        """
         request = [
             {"Id": str(index), "ReceiptHandle": lease.receipt_handle}
             for index, lease in enumerate(leases)
         ]
-        return self._batch_call("delete_message_batch", leases, request)
+        results = self._batch_call("delete_message_batch", leases, request)
+        deleted = [lease for lease, (outcome, _) in results.items() if outcome is EntryResult.OK]
+        delete_objects_of(self._client_source, deleted)
+        return results
 
     def _batch_call(
         self, operation: str, leases: Sequence[Lease], request: list[dict[str, Any]]

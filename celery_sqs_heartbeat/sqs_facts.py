@@ -21,6 +21,7 @@ __all__ = [
     "SQS_MAX_HOLD_SECONDS",
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
+    "SQS_MAX_MESSAGE_SIZE",
     "canonical_code",
     "error_code",
     "is_fifo",
@@ -32,6 +33,10 @@ SQS_BATCH_SIZE = 10
 
 #: ReceiveMessage returns at most ten messages (``MaxNumberOfMessages`` is 1 to 10).
 SQS_MAX_MESSAGES = 10
+
+#: The largest message SQS takes, body and attributes, in bytes (1 MiB since August 2025;
+#: a queue's ``MaximumMessageSize`` may be lower, 256 KiB on queues never raised).
+SQS_MAX_MESSAGE_SIZE = 1_048_576
 
 #: SQS never keeps a message invisible for longer than 12 hours after one receive: a
 #: visibility timeout above this is refused, and renewals cannot push past it either.

@@ -20,7 +20,9 @@ A lease from receive to confirmed delete, one step a function:
    ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
 
 The receive loop itself, its backoff and its waking on freed prefetch room, is
-:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`, which this channel extends.
+:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`, which this channel extends
+through :class:`~celery_sqs_heartbeat.payload_channel.PayloadChannel` (bodies too large
+for SQS, through S3).
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ from .lease_table import LeaseTable
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
+from .payload_channel import PayloadChannel, ReadingQoS
+from .payload_options import LargePayloadOptions
+from .payload_store import PayloadStore
 from .prometheus import start_exporter
-from .receive_loop import ReceivingChannel
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
@@ -61,7 +65,7 @@ _PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
 
-class QoS(SQS.QoS):
+class QoS(ReadingQoS):
     """kombu's SQS QoS, with a lease for every message it holds unacked."""
 
     channel: Channel
@@ -98,7 +102,7 @@ class QoS(SQS.QoS):
         return []
 
 
-class Channel(ReceivingChannel):
+class Channel(PayloadChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
@@ -409,6 +413,8 @@ class Transport(SQS.Transport):
         self.heartbeat_options = HeartbeatOptions.from_transport_options(
             client.transport_options or {}
         )
+        payload_options = LargePayloadOptions.from_transport_options(client.transport_options or {})
+        self.payload_store = PayloadStore(payload_options)
         super().__init__(client, **kwargs)
         self.lease_queues: dict[str, SQSQueue] = {}
         if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:

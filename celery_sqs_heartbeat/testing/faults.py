@@ -16,6 +16,10 @@ Faults come in five shapes, so that scenarios can simulate both blips and outage
 * entry faults (``fail_entries``): the next entries of DeleteMessageBatch or
   ChangeMessageVisibilityBatch calls fail one by one with an error code, the rest of
   each call going through.
+
+S3 calls through the same server (``s3:GetObject``, ``s3:PutObject``, ...) take every
+shape but entry faults, answered in S3's XML: throttle as 503 ``SlowDown``,
+invalid_credentials as 403 ``InvalidAccessKeyId``, the others with SQS's code.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
+
+from .s3_protocol import is_s3_action
 
 FaultKind = Literal[
     "throttle",
@@ -141,8 +147,14 @@ class Latency:
 
 
 def applies(actions: frozenset[str] | None, action: str) -> bool:
-    """``None`` stands for every SQS action, so that an outage needs no list of them."""
-    return actions is None or action in actions
+    """``None`` stands for every SQS action, so that an outage needs no list of them.
+
+    S3's actions (``s3:GetObject``) are hit only where a test names them: an SQS outage
+    is not an S3 outage.
+    """
+    if actions is None:
+        return not is_s3_action(action)
+    return action in actions
 
 
 def _describe_actions(actions: frozenset[str] | None) -> list[str] | None:
@@ -153,7 +165,10 @@ def parse_fault(body: bytes) -> tuple[str, CountedFault]:
     payload = _json_object(body)
     action = payload.get("action")
     if not isinstance(action, str) or not action:
-        raise ValueError("'action' must be an SQS action name, e.g. ChangeMessageVisibility")
+        raise ValueError(
+            "'action' must be an SQS action name, e.g. ChangeMessageVisibility, or an S3 "
+            "one, e.g. s3:GetObject"
+        )
     failure = _parse_failure(payload, "seconds")
     return action, CountedFault(failure, _count(payload))
 

@@ -4,8 +4,11 @@ moto can enforce IAM, but two of its authorisation rules differ from AWS's in wa
 matter to an SQS consumer, and are fixed here: a batch call (e.g.
 ChangeMessageVisibilityBatch) is authorised as its single action, since IAM has no
 actions of its own for batches, and CreateQueue and GetQueueUrl are authorised on the ARN
-of the queue they name (moto checks them against "*"). Every call the enforcement refuses
-is recorded, so that a test can tell which permission a policy lacks.
+of the queue they name (moto checks them against "*"). S3's DeleteObjects is authorised
+as ``s3:DeleteObject`` on each key's ARN, as AWS does (moto checks the bucket's ARN, which
+a policy scoped to a prefix never grants); a key denied there denies every key of the call,
+which is stricter than AWS for a call that mixes keys. Every SQS call the enforcement
+refuses is recorded, so that a test can tell which permission a policy lacks.
 """
 
 from __future__ import annotations
@@ -37,11 +40,22 @@ def install_iam_rules(recorder: Recorder) -> None:
     Nothing changes until :func:`enforce_iam`: before it, moto checks no call at all.
     """
     from moto.core.authorization import ActionAuthenticatorMixin
+    from moto.s3.responses import S3Response
     from moto.sqs.responses import SQSResponse
     from werkzeug.exceptions import HTTPException
 
     original_resource = SQSResponse._determine_resource
     original_authorize = ActionAuthenticatorMixin._authenticate_and_authorize_action
+    original_s3_authorize = S3Response._authenticate_and_authorize_s3_action
+
+    def authorize_s3_by_key(
+        response: Any, bucket_name: str | None = None, key_name: str | None = None
+    ) -> None:
+        keys: list[str | None] = [key_name]
+        if bucket_name and key_name is None:
+            keys = [*_keys_to_delete(response)] or keys
+        for key in keys:
+            original_s3_authorize(response, bucket_name=bucket_name, key_name=key)
 
     def determine_resource(response: SQSResponse) -> str:
         resource: str = _named_queue_arn(response) or original_resource(response)
@@ -58,6 +72,7 @@ def install_iam_rules(recorder: Recorder) -> None:
         (SQSResponse, "_authenticate_and_authorize_normal_action", _authorize_sqs_action),
         (SQSResponse, "_determine_resource", determine_resource),
         (ActionAuthenticatorMixin, "_authenticate_and_authorize_action", authorize_and_record),
+        (S3Response, "_authenticate_and_authorize_s3_action", authorize_s3_by_key),
     ]
     for owner, name, function in patches:
         setattr(owner, name, function)
@@ -80,6 +95,19 @@ def _sqs_iam_request(*, action: str, **kwargs: Any) -> Any:
     from moto.iam.access_control import IAMRequest
 
     return IAMRequest(action=_IAM_ACTIONS.get(action, action), **kwargs)
+
+
+def _keys_to_delete(response: Any) -> list[str]:
+    """The keys of a DeleteObjects call (POST ``?delete``), or none for any other call."""
+    import xml.etree.ElementTree as ElementTree
+
+    if response.data.get("Action") != "DeleteObject" or not response.body:
+        return []
+    try:
+        root = ElementTree.fromstring(response.body)
+    except ElementTree.ParseError:
+        return []
+    return [node.text or "" for node in root.iter() if node.tag.rpartition("}")[2] == "Key"]
 
 
 def _named_queue_arn(response: SQSResponse) -> str | None:

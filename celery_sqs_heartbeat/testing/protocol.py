@@ -1,8 +1,10 @@
-"""SQS's two wire protocols, as far as the strict server must read and answer them itself.
+"""SQS's two wire protocols, and S3's, as far as the strict server must read and answer them.
 
 botocore speaks JSON (``X-Amz-Target``) since 1.31 and the query protocol (a form with
 ``Action``) before; a fault must be answered in the protocol the client used, or the
-client would see a parse error instead of the error a test meant.
+client would see a parse error instead of the error a test meant. S3 calls (REST, told
+apart by the service in their signature) are named ``s3:<Operation>`` so that no rule
+meant for SQS's actions catches them by accident (see :mod:`.s3_protocol`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import urllib.parse
 import uuid
 import xml.etree.ElementTree as ElementTree
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .s3_protocol import identify_s3_call, s3_error
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -27,6 +31,8 @@ class SQSCall(NamedTuple):
     json_protocol: bool
     #: MaxNumberOfMessages of a ReceiveMessage (SQS's default, 1, when not given).
     asked: int | None = None
+    #: An S3 call: its faults are answered in S3's XML.
+    s3: bool = False
 
 
 class ErrorReply(NamedTuple):
@@ -101,6 +107,9 @@ def buffer_body(environ: WSGIEnvironment) -> bytes:
 
 def identify_call(environ: WSGIEnvironment) -> SQSCall | None:
     """Find the action of a JSON-protocol (X-Amz-Target) or query-protocol (Action) call."""
+    s3_action = identify_s3_call(environ)
+    if s3_action is not None:
+        return SQSCall(s3_action, 0, False, s3=True)
     body = buffer_body(environ)
     target: str = environ.get("HTTP_X_AMZ_TARGET", "")
     if target.startswith("AmazonSQS."):
@@ -186,6 +195,9 @@ def error_reply(start_response: StartResponse, call: SQSCall, reply: ErrorReply)
     """An SQS error response in the protocol the client used."""
     request_id = str(uuid.uuid4())
     headers = [("x-amzn-RequestId", request_id)]
+    if call.s3:
+        status, body = s3_error(reply.status, reply.query_code, reply.message, request_id)
+        return _raw_reply(start_response, status, "application/xml", body, headers)
     if call.json_protocol:
         content_type = "application/x-amz-json-1.0"
         body = json.dumps({"__type": reply.json_type, "message": reply.message}).encode()

@@ -8,6 +8,8 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+from botocore.config import Config
+
 from .app import CONTROL_PREFIX
 from .cli import HOST
 from .process import ServerProcess
@@ -104,6 +106,11 @@ class StrictSQSServer:
         return f"sqs://{self.ACCESS_KEY}:{self.ACCESS_KEY}@{HOST}:{self.port}"
 
     @property
+    def s3_config(self) -> Config:
+        """The client configuration S3 needs here: path-style addressing (no bucket hosts)."""
+        return Config(s3={"addressing_style": "path"})
+
+    @property
     def boto3_kwargs(self) -> dict[str, str]:
         """Keyword arguments for ``boto3.client("sqs", ...)`` talking to this server."""
         return {
@@ -114,7 +121,10 @@ class StrictSQSServer:
         }
 
     def calls(self) -> dict[str, int]:
-        """How many calls of each SQS action arrived (faulted ones included)."""
+        """How many calls of each action arrived (faulted ones included).
+
+        S3's calls are counted as ``s3:<Operation>``, e.g. ``s3:GetObject``.
+        """
         counts: dict[str, int] = self._control("GET", "calls")["calls"]
         return counts
 
@@ -136,6 +146,8 @@ class StrictSQSServer:
         self, action: str, kind: FaultKind, count: int = 1, seconds: float = 0.0
     ) -> None:
         """Make the next ``count`` calls of ``action`` fail as ``kind``.
+
+        ``action`` is an SQS action (``ReceiveMessage``) or an S3 one (``s3:GetObject``).
 
         ``seconds`` is how long a delay or timeout holds each call (see
         :data:`FAULT_KINDS`). Faults for the same action queue up in order, and come

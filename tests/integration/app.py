@@ -73,6 +73,24 @@ def busy(self, label: str, seconds: float) -> str:
 
 
 @app.task(bind=True)
+def sized(self, label: str, data: str, how: str = "") -> int:
+    """Takes a large argument (a body SQS cannot carry) and records the size it got.
+
+    ``how``: "error" fails every run; "retry" retries once, which makes the worker
+    publish the large argument again.
+    """
+    started = time.time()
+    if how == "error":
+        _record(self.request.id, label, started, "failed")
+        raise RuntimeError("failed by the test")
+    if how == "retry" and not self.request.retries:
+        _record(self.request.id, label, started, "retrying")
+        raise self.retry(countdown=0, max_retries=1)
+    _record(self.request.id, label, started, f"ok:{len(data)}")
+    return len(data)
+
+
+@app.task(bind=True)
 def fails(self, label: str, how: str) -> None:
     """Fails the way a task does when the message should go back to SQS."""
     started = time.time()

@@ -1,0 +1,226 @@
+"""The thin layer that talks to S3 for bodies too large for SQS: put, get, delete.
+
+Decisions live in :mod:`celery_sqs_heartbeat.payloads`; this module makes the calls. The
+S3 client of a queue is made from that queue's SQS client: same region, same
+credentials object (so a predefined queue's STS role, and credentials that refresh
+themselves, hold for S3 too), and the same endpoint when it is not AWS's (a local
+stack, such as the project's strict server or LocalStack, serves S3 beside SQS).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import botocore.session
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from celery.utils.log import get_logger
+
+from .leases import Lease
+from .payload_options import LargePayloadOptions
+from .payloads import (
+    FailureStreak,
+    S3Pointer,
+    message_size,
+    new_key,
+    should_offload,
+    size_attribute,
+)
+
+__all__ = ["PayloadStore", "PayloadUnavailable", "delete_objects_of"]
+
+logger = get_logger(__name__)
+
+#: A read that fails is not retried here: the message is released and read again on
+#: its next receive, so the lease, which covers the read, is never held by a hung call.
+S3_CLIENT_CONFIG = Config(
+    connect_timeout=5,
+    read_timeout=20,
+    retries={"mode": "standard", "total_max_attempts": 2},
+)
+#: A local stack on an address has no bucket host names: path-style there.
+LOCAL_STACK_CONFIG = Config(s3={"addressing_style": "path"})
+
+#: DeleteObjects takes at most 1,000 keys a call.
+S3_DELETE_BATCH = 1000
+
+_s3_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
+_clients_lock = threading.Lock()
+
+#: The object of each held message read from S3, to delete once SQS confirms the
+#: message's delete. Process-wide, like the leases: an ack may come through any channel,
+#: and a lease that ends otherwise (released, lost) takes its entry with it.
+_objects: weakref.WeakKeyDictionary[Lease, S3Pointer] = weakref.WeakKeyDictionary()
+_objects_lock = threading.Lock()
+_deletes = FailureStreak()
+
+
+class PayloadUnavailable(Exception):
+    """An offloaded body could not be read; the message is left to SQS."""
+
+    def __init__(self, pointer: S3Pointer, code: str) -> None:
+        super().__init__(f"{pointer}: {code}")
+        self.pointer = pointer
+        self.code = code
+
+
+class PayloadStore:
+    """Bodies in S3 for one connection's options.
+
+    Without options (no ``large_payload_bucket``) nothing is offloaded, but pointers are
+    still read: a message another producer offloaded is never handed to Celery as a
+    pointer, which Celery would take for a malformed message and drop.
+    """
+
+    def __init__(self, options: LargePayloadOptions | None) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._reads = FailureStreak()
+
+    def offload(self, sqs_client: BaseClient, params: dict[str, Any], **_: Any) -> None:
+        """botocore's ``provide-client-params`` hook of SendMessage: large bodies go to S3.
+
+        A body at or under the threshold is left as it is, byte for byte. A failed put
+        raises to the producer, like a failed send: nothing was sent.
+        """
+        body = params.get("MessageBody")
+        attributes = params.get("MessageAttributes") or {}
+        if self.options is None or not isinstance(body, str):
+            return
+        size = message_size(body, attributes)
+        if not should_offload(size, self.options.threshold):
+            return
+        pointer = S3Pointer(self.options.bucket, new_key(self.options.prefix))
+        encoded = body.encode("utf-8")
+        s3_client(sqs_client).put_object(Bucket=pointer.bucket, Key=pointer.key, Body=encoded)
+        params["MessageBody"] = pointer.body()
+        params["MessageAttributes"] = {**attributes, **size_attribute(len(encoded))}
+
+    def fetch(self, sqs_client: BaseClient, pointer: S3Pointer) -> str:
+        """The body behind ``pointer``; :class:`PayloadUnavailable` if S3 would not give it.
+
+        Logged once per streak of failures, naming the object, never the body.
+        """
+        try:
+            answer = s3_client(sqs_client).get_object(Bucket=pointer.bucket, Key=pointer.key)
+            body: str = answer["Body"].read().decode("utf-8")
+        except (ClientError, BotoCoreError, OSError, UnicodeDecodeError) as exc:
+            code = _code(exc)
+            with self._lock:
+                first = self._reads.failed()
+            if first:
+                logger.warning(
+                    "Cannot read the body of a large message from %s (%s); the message is "
+                    "left to SQS, released with a backoff, and read again on its next "
+                    "receive. Further failures are not logged until a read succeeds.",
+                    pointer,
+                    code,
+                )
+            raise PayloadUnavailable(pointer, code) from None
+        with self._lock:
+            ended = self._reads.succeeded()
+        if ended:
+            logger.warning("Large message bodies are read from S3 again (%d reads failed)", ended)
+        return body
+
+    def remember(self, lease: Lease, pointer: S3Pointer) -> None:
+        """The object to delete once SQS confirms the delete of ``lease``'s message."""
+        if self.options is None or not self.options.keep_objects:
+            with _objects_lock:
+                _objects[lease] = pointer
+
+
+def delete_objects_of(client_source: Callable[[], BaseClient], leases: Iterable[Lease]) -> None:
+    """SQS confirmed these deletes: their messages' objects go, in DeleteObjects calls.
+
+    Never before: a message released, dead-lettered or lost keeps its object. A failure
+    is logged once per streak and left: a bucket lifecycle rule removes what was not
+    deleted (README).
+    """
+    with _objects_lock:
+        pointers = [p for lease in leases if (p := _objects.pop(lease, None))]
+    if not pointers:
+        return
+    sqs_client = client_source()
+    for bucket, keys in _by_bucket(pointers).items():
+        for start in range(0, len(keys), S3_DELETE_BATCH):
+            _delete_objects(sqs_client, bucket, keys[start : start + S3_DELETE_BATCH])
+
+
+def _delete_objects(sqs_client: BaseClient, bucket: str, keys: Sequence[str]) -> None:
+    try:
+        answer = s3_client(sqs_client).delete_objects(
+            Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True}
+        )
+        errors = answer.get("Errors") or []
+        code = errors[0].get("Code", "?") if errors else ""
+    except (ClientError, BotoCoreError, OSError) as exc:
+        code = _code(exc)
+    with _objects_lock:
+        first = _deletes.failed() if code else False
+        ended = 0 if code else _deletes.succeeded()
+    if first:
+        logger.warning(
+            "Cannot delete the objects of deleted large messages in bucket %s (%s); they "
+            "stay until the bucket's lifecycle rule removes them. Further failures are not "
+            "logged until a delete succeeds.",
+            bucket,
+            code,
+        )
+    elif ended:
+        logger.warning(
+            "Objects of deleted large messages are deleted again (%d calls failed)", ended
+        )
+
+
+def s3_client(sqs_client: BaseClient) -> BaseClient:
+    """The S3 client that goes with a queue's SQS client, made once per SQS client.
+
+    botocore has no public way to share credentials between clients, hence the signer,
+    as in :func:`celery_sqs_heartbeat.sqs.renewal_client`.
+    """
+    with _clients_lock:
+        made = _s3_clients.get(sqs_client)
+        if made is None:
+            endpoint = _s3_endpoint(sqs_client.meta.endpoint_url)
+            config = (
+                S3_CLIENT_CONFIG if endpoint is None else S3_CLIENT_CONFIG.merge(LOCAL_STACK_CONFIG)
+            )
+            made = botocore.session.Session().create_client(
+                "s3",
+                region_name=sqs_client.meta.region_name,
+                endpoint_url=endpoint,
+                config=config,
+                aws_access_key_id="replaced-below",
+                aws_secret_access_key="replaced-below",
+            )
+            made._request_signer._credentials = sqs_client._request_signer._credentials
+            _s3_clients[sqs_client] = made
+        return made
+
+
+def _s3_endpoint(sqs_endpoint: str | None) -> str | None:
+    """AWS's own S3 endpoint behind AWS's SQS; a local stack's own endpoint otherwise."""
+    host = urlsplit(sqs_endpoint or "").hostname or ""
+    if not host or host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+        return None
+    return sqs_endpoint
+
+
+def _by_bucket(pointers: Iterable[S3Pointer]) -> Mapping[str, list[str]]:
+    keys: defaultdict[str, list[str]] = defaultdict(list)
+    for pointer in pointers:
+        keys[pointer.bucket].append(pointer.key)
+    return keys
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code") or exc)
+    return type(exc).__name__
