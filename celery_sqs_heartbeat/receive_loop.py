@@ -34,6 +34,7 @@ from .compat import SQSChannel, call_soon_waking
 from .prefetch import PrefetchRoom, full_call_room
 from .receive_gate import ReceiveGate
 from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error
+from .redelivery import mark_redelivered
 from .sqs_facts import is_fifo
 
 __all__ = ["ReceivingChannel"]
@@ -70,6 +71,10 @@ class ReceivingChannel(SQSChannel):
         # Without it SQS applies the queue's attribute, which may be hours: the lease
         # must be the one the manager renews.
         params.setdefault("VisibilityTimeout", self.visibility_timeout)
+
+    def _message_to_python(self, message: dict[str, Any], queue_name: str, q_url: str) -> Any:
+        """kombu's decoded message, marked redelivered when SQS delivered it before."""
+        return mark_redelivered(super()._message_to_python(message, queue_name, q_url), message)
 
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
         """Delete a no-ack message; without an event loop (``celery inspect``), blocking."""

@@ -47,6 +47,7 @@ from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
 from .prometheus import start_exporter
 from .receive_loop import ReceivingChannel
+from .redelivery import receive_count
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
@@ -208,7 +209,7 @@ class Channel(ReceivingChannel):
                 policy=self.lease_policy,
                 received_at=now,
                 message_id=sqs_message.get("MessageId"),
-                receive_count=_receive_count(sqs_message.get("Attributes") or {}),
+                receive_count=receive_count(sqs_message.get("Attributes") or {}),
             )
             if self._admit(lease):
                 to_deliver.append(sqs_message)
@@ -442,13 +443,6 @@ def _warn_broadcast_needs_sns() -> None:
         "inspect, celery control) stays off",
         kombu.__version__,
     )
-
-
-def _receive_count(attributes: dict[str, Any]) -> int:
-    try:
-        return int(attributes.get("ApproximateReceiveCount", 1))
-    except (TypeError, ValueError):
-        return 1
 
 
 def _running_task_ids() -> set[str]:
