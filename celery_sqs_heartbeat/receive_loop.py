@@ -33,7 +33,7 @@ from . import metrics
 from .compat import SQSChannel, call_soon_waking
 from .prefetch import PrefetchRoom, full_call_room
 from .receive_gate import ReceiveGate
-from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error
+from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error, ends_worker
 from .redelivery import mark_redelivered
 from .sqs_facts import is_fifo
 
@@ -228,6 +228,15 @@ class ReceivingChannel(SQSChannel):
 
     def _receive_failed(self, queue_name: str, failure: ReceiveFailure) -> None:
         metrics.record_receive_error(failure.code)
+        if failure.fatal and not ends_worker(failure, queue_name):
+            logger.warning(
+                "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "
+                "queues itself, so this channel stops receiving from it and goes on",
+                queue_name,
+                failure,
+            )
+            self._stop_receiving(queue_name)
+            return
         if failure.fatal:
             logger.critical(
                 "Cannot receive from SQS queue %s (%s): retrying cannot fix this, so the "
@@ -238,6 +247,12 @@ class ReceivingChannel(SQSChannel):
             )
             raise WorkerShutdown(EX_FAILURE)
         self._receive_gate.failed(queue_name, failure)
+
+    def _stop_receiving(self, queue_name: str) -> None:
+        """Cancel the consumers of ``queue_name``: kombu then polls it no more."""
+        for tag, queue in list(self._tag_to_queue.items()):
+            if self.canonical_queue_name(queue) == queue_name:
+                self.basic_cancel(tag)
 
     @property
     def _event_loop(self) -> Hub:
