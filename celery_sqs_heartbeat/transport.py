@@ -46,6 +46,7 @@ from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
 from .prometheus import start_exporter
+from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_loop import ReceivingChannel
 from .redelivery import receive_count
 from .sqs import SQSQueue
@@ -99,7 +100,7 @@ class QoS(SQS.QoS):
         return []
 
 
-class Channel(ReceivingChannel):
+class Channel(ForgetsDeletedQueueUrls, ReceivingChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
