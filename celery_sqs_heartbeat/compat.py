@@ -49,6 +49,7 @@ from kombu.asynchronous.aws.sqs.message import AsyncMessage
 from kombu.transport import SQS
 
 from .sqs import receive_client
+from .sqs_facts import RECEIVE_COUNT_ATTRIBUTE
 
 try:
     from kombu.transport.SQS.exceptions import (
@@ -83,7 +84,7 @@ KOMBU_BROADCASTS_THROUGH_SNS = hasattr(SQS.Channel, "_put_fanout")
 KOMBU_RECEIVES_ON_THE_LOOP = find_spec("kombu.asynchronous.http.curl") is not None
 
 #: What kombu's asynchronous client asks for when the user did not say.
-_DEFAULT_ATTRIBUTES = ["ApproximateReceiveCount"]
+_DEFAULT_ATTRIBUTES = [RECEIVE_COUNT_ATTRIBUTE]
 
 
 class SQSChannel(SQS.Channel):

@@ -33,7 +33,8 @@ from . import metrics
 from .compat import SQSChannel, call_soon_waking
 from .prefetch import PrefetchRoom, full_call_room
 from .receive_gate import ReceiveGate
-from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error
+from .receiving import NO_ANSWER, ReceiveFailure, classify_receive_error, ends_worker
+from .redelivery import mark_redelivered
 from .sqs_facts import is_fifo
 
 __all__ = ["ReceivingChannel"]
@@ -70,6 +71,10 @@ class ReceivingChannel(SQSChannel):
         # Without it SQS applies the queue's attribute, which may be hours: the lease
         # must be the one the manager renews.
         params.setdefault("VisibilityTimeout", self.visibility_timeout)
+
+    def _message_to_python(self, message: dict[str, Any], queue_name: str, q_url: str) -> Any:
+        """kombu's decoded message, marked redelivered when SQS delivered it before."""
+        return mark_redelivered(super()._message_to_python(message, queue_name, q_url), message)
 
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
         """Delete a no-ack message; without an event loop (``celery inspect``), blocking."""
@@ -223,6 +228,15 @@ class ReceivingChannel(SQSChannel):
 
     def _receive_failed(self, queue_name: str, failure: ReceiveFailure) -> None:
         metrics.record_receive_error(failure.code)
+        if failure.fatal and not ends_worker(failure, queue_name):
+            logger.warning(
+                "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "
+                "queues itself, so this channel stops receiving from it and goes on",
+                queue_name,
+                failure,
+            )
+            self._stop_receiving(queue_name)
+            return
         if failure.fatal:
             logger.critical(
                 "Cannot receive from SQS queue %s (%s): retrying cannot fix this, so the "
@@ -233,6 +247,12 @@ class ReceivingChannel(SQSChannel):
             )
             raise WorkerShutdown(EX_FAILURE)
         self._receive_gate.failed(queue_name, failure)
+
+    def _stop_receiving(self, queue_name: str) -> None:
+        """Cancel the consumers of ``queue_name``: kombu then polls it no more."""
+        for tag, queue in list(self._tag_to_queue.items()):
+            if self.canonical_queue_name(queue) == queue_name:
+                self.basic_cancel(tag)
 
     @property
     def _event_loop(self) -> Hub:

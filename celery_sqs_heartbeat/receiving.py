@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from .compat import DoesNotExistQueueException, UndefinedQueueException
-from .sqs_facts import FATAL_CODES, canonical_code, error_code
+from .sqs_facts import FATAL_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
 
 __all__ = [
     "NO_ANSWER",
@@ -25,6 +25,7 @@ __all__ = [
     "ReceiveFailure",
     "Recovery",
     "classify_receive_error",
+    "ends_worker",
 ]
 
 #: The first retry waits about this long; each failure in a row doubles it.
@@ -55,6 +56,10 @@ class ReceiveFailure:
     def __str__(self) -> str:
         return f"{self.code}: {self.detail}" if self.detail else self.code
 
+    @property
+    def queue_missing(self) -> bool:
+        return canonical_code(self.code) in QUEUE_MISSING_CODES or self.code == "UndefinedQueue"
+
 
 #: What kombu's asynchronous client answers a 5xx, a timeout or a dropped connection
 #: with: an empty list instead of an answer, and no detail of which it was.
@@ -79,6 +84,27 @@ def classify_receive_error(error: BaseException) -> ReceiveFailure:
         detail = said.group(1) if said else f"HTTP {status.group(1)}"
         return ReceiveFailure(code, detail, _fatal(code))
     return ReceiveFailure(type(error).__name__, text, fatal=False)
+
+
+#: Remote control's queues, as SQS names them (kombu turns "." into "-"): a worker's
+#: broadcast queue ``<node>.<namespace>.pidbox`` and a client's reply queue
+#: ``<id>.reply.<namespace>.pidbox`` (kombu's ``Mailbox``).
+_REMOTE_CONTROL_QUEUE = re.compile(r".+-pidbox(\.fifo)?")
+
+
+def ends_worker(failure: ReceiveFailure, queue_name: str) -> bool:
+    """Whether a failed receive from ``queue_name`` must stop the worker.
+
+    A fatal answer does, for a task queue: the worker is misconfigured (a queue that is
+    not there, or is not its to read), and retrying would only hide it. A remote-control
+    queue that is missing does not: Celery and kombu create those and delete them
+    themselves (a reply queue once the answers are in, a broadcast queue when its worker
+    stops, expiry), so a receive that was on its way then is no misconfiguration. The
+    channel stops receiving from that queue instead, and the worker goes on.
+    """
+    if not failure.fatal:
+        return False
+    return not (failure.queue_missing and _REMOTE_CONTROL_QUEUE.fullmatch(queue_name))
 
 
 def _fatal(code: str) -> bool:

@@ -17,6 +17,7 @@ __all__ = [
     "FATAL_CODES",
     "LOST_LEASE_CODES",
     "QUEUE_MISSING_CODES",
+    "RECEIVE_COUNT_ATTRIBUTE",
     "SQS_BATCH_SIZE",
     "SQS_MAX_HOLD_SECONDS",
     "SQS_MAX_IN_FLIGHT",
@@ -41,6 +42,9 @@ SQS_MAX_MESSAGE_SIZE = 1_048_576
 #: SQS never keeps a message invisible for longer than 12 hours after one receive: a
 #: visibility timeout above this is refused, and renewals cannot push past it either.
 SQS_MAX_HOLD_SECONDS = 43_200
+
+#: The message attribute in which SQS counts the receives of a message, this one included.
+RECEIVE_COUNT_ATTRIBUTE = "ApproximateReceiveCount"
 
 #: Messages a standard queue may have in flight (received, neither deleted nor visible
 #: again); past it ReceiveMessage answers ``OverLimit``. One worker may hold them all, so

@@ -51,6 +51,8 @@ from .payload_channel import PayloadChannel, ReadingQoS
 from .payload_options import LargePayloadOptions
 from .payload_store import PayloadStore
 from .prometheus import start_exporter
+from .queue_urls import ForgetsDeletedQueueUrls
+from .redelivery import receive_count
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
@@ -102,7 +104,7 @@ class QoS(ReadingQoS):
         return []
 
 
-class Channel(PayloadChannel):
+class Channel(ForgetsDeletedQueueUrls, PayloadChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
@@ -212,7 +214,7 @@ class Channel(PayloadChannel):
                 policy=self.lease_policy,
                 received_at=now,
                 message_id=sqs_message.get("MessageId"),
-                receive_count=_receive_count(sqs_message.get("Attributes") or {}),
+                receive_count=receive_count(sqs_message.get("Attributes") or {}),
             )
             if self._admit(lease):
                 to_deliver.append(sqs_message)
@@ -448,13 +450,6 @@ def _warn_broadcast_needs_sns() -> None:
         "inspect, celery control) stays off",
         kombu.__version__,
     )
-
-
-def _receive_count(attributes: dict[str, Any]) -> int:
-    try:
-        return int(attributes.get("ApproximateReceiveCount", 1))
-    except (TypeError, ValueError):
-        return 1
 
 
 def _running_task_ids() -> set[str]:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery, Task, chain
 from celery.signals import task_received, worker_process_shutdown, worker_ready
+from celery.worker.request import Request
 from pyspark.sql import DataFrame
 
 from celery_sqs_heartbeat.signals import lease_lost, lease_released, lease_renewed
@@ -139,7 +140,36 @@ class PipelineSettings:
         }
 
 
-app = Celery("spark_pipeline")
+class AckRecordingRequest(Request):
+    """A task request that records its ack, in the worker's main process that sends it.
+
+    On real SQS there is no server log, so the worker's own ack is the only record of
+    when a message was deleted (the report and the timeline take it from here). Celery
+    has no signal for the ack; a task's ``Request`` class is its extension point.
+    """
+
+    def acknowledge(self) -> None:
+        first = not self.acknowledged
+        super().acknowledge()
+        if first:
+            sqs_message = self.message.delivery_info.get("sqs_message") or {}
+            _record_worker_event(
+                {
+                    "event": "ack",
+                    "task_id": self.id,
+                    "task_name": self.name,
+                    "message_id": sqs_message.get("MessageId"),
+                }
+            )
+
+
+class PipelineTask(Task):
+    """The pipeline's task class: Celery's, with acks recorded."""
+
+    Request = AckRecordingRequest
+
+
+app = Celery("spark_pipeline", task_cls=PipelineTask)
 app.conf.update(PipelineSettings.from_env().celery_config())
 
 

@@ -2,7 +2,7 @@
 
 "Each step ran exactly once" has to be measured, not assumed. The tasks write one
 line when an execution starts and one when it ends; the worker's main process writes
-one line per message it receives and per lease event. Several processes append to
+one line per message it receives, per lease event and per ack. Several processes append to
 the same file at once, so every record goes out as a single ``write`` on a file
 opened with ``O_APPEND``: the kernel then never interleaves two records.
 """
@@ -20,8 +20,8 @@ RECORD_DIR_ENV = "SPARK_PIPELINE_RECORD_DIR"
 
 #: One line per task execution start and end, written by the pool process running it.
 EXECUTIONS = "executions.jsonl"
-#: One line per message received and per lease renewed, released or lost, written
-#: by the worker's main process.
+#: One line per message received, per lease renewed, released or lost, and per
+#: message acked, written by the worker's main process.
 WORKER_EVENTS = "worker-events.jsonl"
 
 

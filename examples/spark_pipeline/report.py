@@ -4,8 +4,8 @@ Three independent sources go in:
 
 * the executions the tasks recorded themselves (``records.EXECUTIONS``): how many
   times each step really ran, where, how long, and what it wrote;
-* the worker's receive and lease events (``records.WORKER_EVENTS``), which map SQS
-  message ids to Celery task ids;
+* the worker's receive, lease and ack events (``records.WORKER_EVENTS``), which map
+  SQS message ids to Celery task ids;
 * when the demo ran its embedded SQS server, that server's own log of every receive,
   visibility change and delete, which does not rely on the transport reporting
   honestly about itself.
@@ -190,8 +190,10 @@ def load_messages(
     The worker's receive records say which task a message carries. With a server
     log, receives, renewals, releases and the delete come from the server (a
     visibility change to 0 is a release, anything else that succeeded a renewal).
-    Without one, they come from the worker's own records, and a renewal or release
-    is attributed to the task's most recently received message.
+    Without one, they come from the worker's own records: a renewal or release is
+    attributed to the task's most recently received message, and the delete is the
+    message's last ack (SQS only promises that a delete with the latest receipt
+    handle removes a message, and a later receive gives a later ack).
     """
     messages: dict[str, Message] = {}
     events = sorted(worker_events, key=lambda r: r["time"])
@@ -218,6 +220,9 @@ def _apply_worker_lease_events(
     for record in events:
         if record["event"] == "receive" and record.get("message_id") in messages:
             latest_by_task[record["task_id"]] = messages[record["message_id"]]
+            continue
+        if record["event"] == "ack" and record.get("message_id") in messages:
+            messages[record["message_id"]].deleted = record["time"]
             continue
         message = latest_by_task.get(record.get("task_id", ""))
         if message is None:

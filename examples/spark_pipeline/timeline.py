@@ -83,6 +83,17 @@ def exposed_intervals(
     return exposed
 
 
+def marker_times(message: Message) -> dict[str, list[float]]:
+    """When each kind of event in ``EVENT_MARKERS`` happened to ``message``."""
+    return {
+        "received": message.receives,
+        "lease renewed": [t for t, _ in message.renewals],
+        "released": message.releases,
+        "lease lost": message.lost,
+        "acked (deleted)": [] if message.deleted is None else [message.deleted],
+    }
+
+
 def _executions_by_message(run: Run) -> dict[str, list[Execution]]:
     """Attach each execution to the message whose receive started it: the latest
     receive of a message for the same task before the execution began."""
@@ -106,8 +117,8 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
     for row, message in enumerate(run.messages):
         colour = STEP_COLOURS[steps.index(message.step) % len(STEP_COLOURS)]
         executions = by_message[message.message_id]
-        # Without the SQS server's log (real SQS) the delete time is unknown; the
-        # message's last execution ending is the closest thing to its ack.
+        # A message of a run cut short was never acked: its last execution ending
+        # (or the run's end) bounds its spans instead.
         gone = message.deleted
         if gone is None:
             gone = max((e.end or run.finished for e in executions), default=run.finished)
@@ -150,14 +161,7 @@ def _draw_run(ax: Axes, run: Run, origin: float) -> None:
                     edgecolor="white",
                     linewidth=0,
                 )
-        events = {
-            "received": message.receives,
-            "lease renewed": [t for t, _ in message.renewals],
-            "released": message.releases,
-            "lease lost": message.lost,
-            "acked (deleted)": [] if message.deleted is None else [message.deleted],
-        }
-        for event, times in events.items():
+        for event, times in marker_times(message).items():
             if times:
                 ax.plot(
                     [t - origin for t in times],

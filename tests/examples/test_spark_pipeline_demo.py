@@ -102,12 +102,12 @@ def test_demo_on_an_endpoint_it_did_not_start_with_two_workers(
     )
     assert len(receives) == 3 and set(receives.values()) == {1}, receives
     (run_dir,) = tmp_path.iterdir()
-    ready = [
-        record["worker"]
-        for record in records.read(run_dir / "heartbeat" / "records" / records.WORKER_EVENTS)
-        if record["event"] == "worker_ready"
-    ]
+    worker_events = records.read(run_dir / "heartbeat" / "records" / records.WORKER_EVENTS)
+    ready = [record["worker"] for record in worker_events if record["event"] == "worker_ready"]
     assert sorted(name.split("@")[0] for name in ready) == ["heartbeat-1", "heartbeat-2"]
+    # The workers' acks stand in for the server's deletes on the timeline.
+    acked = Counter(record["message_id"] for record in worker_events if record["event"] == "ack")
+    assert acked == receives
     queues = boto3.client("sqs", **sqs_server.boto3_kwargs).list_queues().get("QueueUrls", [])
     assert not [url for url in queues if "spark-pipeline-" in url], "queues left behind"
 

@@ -102,6 +102,18 @@ def fails(self, label: str, how: str) -> None:
     raise RuntimeError("failed by the test")
 
 
+@app.task(bind=True, acks_late=True)
+def requeued_once(self, label: str) -> str:
+    """Requeues its first delivery and succeeds on the redelivery, as Celery's own suite's
+    ``reject_then_succeed`` does: it tells them apart by ``delivery_info["redelivered"]``."""
+    started = time.time()
+    if not self.request.delivery_info.get("redelivered"):
+        _record(self.request.id, label, started, "requeued")
+        raise Reject("requeued by the test", requeue=True)
+    _record(self.request.id, label, started, "ok")
+    return label
+
+
 @signals.worker_ready.connect
 def _lose_the_connection_later(sender: Any, **_: Any) -> None:
     """With IT_DROP_CONNECTION_AFTER, break the consumer's connection once, as a network would.

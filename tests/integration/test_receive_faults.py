@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
+
 from .harness import Bed, Worker, assert_queue_empty, log_has, report, tally, wait_for, worker
 
 LEASE = 4
@@ -62,6 +64,38 @@ def test_a_deleted_queue_stops_the_worker_with_a_message_naming_it(bed: Bed, poo
     assert f"Cannot receive from SQS queue {bed.queue} (" in log, log
     assert "does not exist" in log
     assert "so the worker stops" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.skipif(
+    not KOMBU_BROADCASTS_THROUGH_SNS,
+    reason="kombu before 5.7 has no SNS fanout: the worker consumes no broadcast queue",
+)
+def test_a_deleted_remote_control_queue_stops_its_polling_not_the_worker(bed: Bed) -> None:
+    """Celery creates and deletes remote control's queues itself: not a misconfiguration."""
+    bed.create_queue(visibility_timeout=LEASE)
+    options = {"visibility_timeout": LEASE, "supports_fanout": True}
+    with worker(bed, "prefork", 1, options=options) as process:
+        sqs = bed.sqs()
+        broadcast = wait_for(
+            lambda: [
+                url
+                for url in sqs.list_queues(QueueNamePrefix="w1").get("QueueUrls", [])
+                if url.endswith("-celery-pidbox")
+            ],
+            timeout=10,
+            what="the worker's broadcast queue",
+        )
+        sqs.delete_queue(QueueUrl=broadcast[0])
+        wait_for(lambda: "remote-control" in process.log, timeout=10, what="the warning")
+        bed.send("busy", "after", 0)
+        runs = bed.wait_for_executions(1, timeout=10)
+        still_running = process.process.poll() is None
+        log = process.log
+    assert still_running, log
+    assert [r["name"] for r in runs] == ["after"], log
+    assert log.count("is gone (QueueDoesNotExist") + log.count("is gone (NonExistentQueue") == 1
+    assert "so the worker stops" not in log
     assert "Traceback" not in log
 
 

@@ -11,6 +11,7 @@ from celery_sqs_heartbeat.receiving import (
     RECEIVE_RETRY_CAP,
     ReceiveBackoff,
     classify_receive_error,
+    ends_worker,
 )
 
 
@@ -150,3 +151,28 @@ def test_a_new_streak_starts_from_the_base_delay_again() -> None:
     backoff.succeeded("jobs", now=1.0)
     assert backoff.failed("jobs", now=2.0) is True
     assert backoff.wait("jobs", now=2.0) == 0.25
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        client_error("AWS.SimpleQueueService.NonExistentQueue"),
+        client_error("QueueDoesNotExist"),
+        DoesNotExistQueueException("gone"),
+    ],
+)
+def test_a_missing_task_queue_ends_the_worker_and_a_remote_control_queue_does_not(
+    error: Exception,
+) -> None:
+    failure = classify_receive_error(error)
+    assert ends_worker(failure, "celery")
+    assert ends_worker(failure, "orders-pidbox-archive")
+    # A client's reply queue and a worker's broadcast queue, as SQS names them.
+    assert not ends_worker(failure, "4f1c2e-reply-celery-pidbox")
+    assert not ends_worker(failure, "celery_w1_host-celery-pidbox")
+
+
+def test_a_remote_control_queue_the_worker_may_not_read_still_ends_it() -> None:
+    """Denied is a misconfiguration whichever the queue; only a missing one is Celery's."""
+    assert ends_worker(classify_receive_error(client_error("AccessDenied")), "x-celery-pidbox")
+    assert not ends_worker(classify_receive_error(client_error("Throttling")), "celery")

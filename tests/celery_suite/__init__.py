@@ -1,0 +1,1 @@
+"""Celery's own integration suite (``t/integration``) with this transport as its broker."""

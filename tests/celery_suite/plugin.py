@@ -1,0 +1,65 @@
+"""What Celery's integration harness needs over SQS, loaded into its pytest run (``-p``).
+
+Celery's harness runs its worker in a thread of the test process
+(``celery.contrib.testing.worker``), where a deployment runs it in a process of its own.
+kombu keeps one event loop per process, not per thread, and its SQS channels adopt that
+loop when they are made: so the channels the test itself opens in the main thread (the
+reply queue of a ping or an inspect, a producer) were polled on the worker's loop, by
+the worker's thread, as if they were the worker's own. When such a reply queue was
+deleted under that poll, the worker ended (kombu's stock transport and this one alike).
+
+Here a channel has no event loop when the main thread uses it, as in a separate client
+process: it receives by blocking calls there, as ``celery inspect`` does. It is decided
+on use, not when the channel is made, because kombu's connection pools are shared by
+the threads: a channel the worker's thread made may serve the test next. The transports
+below are the broker's own with only that changed; nothing of it reaches users.
+
+This module also registers Celery's pytest fixtures (``celery.contrib.pytest``), which
+the suite's conftest imports by name but which only the ``pytest-celery`` package would
+otherwise register.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kombu.transport import SQS
+
+from celery_sqs_heartbeat import transport as heartbeat
+
+pytest_plugins = ["celery.contrib.pytest"]
+
+
+class _ClientChannelsWithoutLoop:
+    """A channel mixin: used by the test's main thread, a channel has no event loop."""
+
+    @property
+    def hub(self) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return None
+        return self.__dict__.get("_hub")
+
+    @hub.setter
+    def hub(self, loop: Any) -> None:
+        self.__dict__["_hub"] = loop
+
+
+class HeartbeatChannel(_ClientChannelsWithoutLoop, heartbeat.Channel):
+    pass
+
+
+class HeartbeatTransport(heartbeat.Transport):
+    """``celery_sqs_heartbeat:Transport`` as the suite runs it."""
+
+    Channel = HeartbeatChannel
+
+
+class StockChannel(_ClientChannelsWithoutLoop, SQS.Channel):
+    pass
+
+
+class StockTransport(SQS.Transport):
+    """kombu's own SQS transport, for the comparison (``run.py --broker stock``)."""
+
+    Channel = StockChannel
