@@ -27,11 +27,17 @@ PREFIX = "celery/"
 LARGE = 1_100_000
 
 
-def with_s3(role: str) -> dict[str, Any]:
-    """The role's SQS policy with its S3 statements added, for the test's bucket."""
-    sqs = readme_policy(role)
+def s3_statements(role: str) -> list[dict[str, Any]]:
+    """The README's S3 statements of ``role`` (worker, producer), for the test's bucket."""
     s3 = json.loads(json.dumps(readme_policy(f"{role}-s3")).replace("BUCKET", BUCKET))
-    return {**sqs, "Statement": [*sqs["Statement"], *s3["Statement"]]}
+    statements: list[dict[str, Any]] = s3["Statement"]
+    return statements
+
+
+def with_s3(role: str) -> dict[str, Any]:
+    """The role's SQS policy with its S3 statements added."""
+    sqs = readme_policy(role)
+    return {**sqs, "Statement": [*sqs["Statement"], *s3_statements(role)]}
 
 
 @dataclass(frozen=True)

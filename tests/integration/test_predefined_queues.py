@@ -1,4 +1,4 @@
-"""predefined_queues: renewals, deletes and releases go out with each queue's own credentials.
+"""predefined_queues: renewals, deletes, releases and S3 calls go out with each queue's credentials.
 
 Two setups of kombu's ``predefined_queues``, each run by a real worker on a server that
 enforces IAM:
@@ -7,6 +7,10 @@ enforces IAM:
   key has no SQS rights on either queue. A call made with the wrong key is refused.
 - ``sts_role_arn``: the worker's base credentials may only assume a role, and only the
   role may use the queue. kombu refreshes the role's credentials while a task runs.
+
+In both, each queue's key (or the role) is also allowed the README's worker S3 statements
+on the large-payload bucket, and no other key is: a task whose body went through S3 runs
+only if its object is read, and deleted, with the queue's own credentials.
 
 Which key signed each call is read from moto's request recorder (``/moto-api/recorder``,
 every request with its headers, refused ones included), started on this module's own
@@ -26,6 +30,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +43,10 @@ from botocore.exceptions import ClientError
 from kombu.transport import SQS
 
 from celery_sqs_heartbeat.testing import Event, Refusal, StrictSQSServer
+from celery_sqs_heartbeat.testing.s3_protocol import identify_s3_call
 
 from .harness import Bed, broker_url, report, settle, worker
+from .test_iam_large_payloads import BUCKET, LARGE, PREFIX, s3_statements
 
 LEASE = 3
 ACCOUNT_ID = "123456789012"
@@ -72,6 +79,16 @@ def allow(actions: list[str] | str, resource: str) -> dict[str, Any]:
     }
 
 
+def worker_policy(queue: str) -> dict[str, Any]:
+    """A worker's rights on ``queue``, and the README's worker S3 statements."""
+    policy = allow(WORKER_ACTIONS, queue_arn(queue))
+    return {**policy, "Statement": [*policy["Statement"], *s3_statements("worker")]}
+
+
+#: Bodies over SQS's limit go to the bucket, for producer and worker alike.
+LARGE_PAYLOADS = {"large_payload_bucket": BUCKET, "large_payload_prefix": PREFIX}
+
+
 @dataclass(frozen=True)
 class Call:
     """One request as the server received it, from moto's recorder."""
@@ -85,6 +102,8 @@ class Call:
     queue_url: str | None
     visibilities: tuple[int, ...]
     """The VisibilityTimeout of each entry of a ChangeMessageVisibilityBatch."""
+    objects: tuple[str, ...]
+    """The S3 keys a GetObject or DeleteObjects call names."""
 
 
 def _parse_recorded(entry: dict[str, Any]) -> Call:
@@ -95,7 +114,10 @@ def _parse_recorded(entry: dict[str, Any]) -> Call:
     scope = authorization.partition("Credential=")[2].partition(",")[0].split("/")
     target = headers.get("X-Amz-Target", "")
     payload: dict[str, Any] = {}
-    if target:
+    objects: tuple[str, ...] = ()
+    if len(scope) > 3 and scope[3] == "s3":
+        action, objects = _s3_call(entry, raw)
+    elif target:
         action = target.rsplit(".", 1)[-1]
         payload = json.loads(raw or b"{}")
     else:
@@ -112,7 +134,26 @@ def _parse_recorded(entry: dict[str, Any]) -> Call:
         has_session_token="X-Amz-Security-Token" in headers,
         queue_url=payload.get("QueueUrl"),
         visibilities=tuple(e.get("VisibilityTimeout") for e in payload.get("Entries") or []),
+        objects=objects,
     )
+
+
+def _s3_call(entry: dict[str, Any], raw: bytes) -> tuple[str, tuple[str, ...]]:
+    """The S3 action, named as the strict server names it, and the keys it names."""
+    url = urllib.parse.urlsplit(entry["url"])
+    action = identify_s3_call(
+        {
+            "REQUEST_METHOD": entry["method"],
+            "PATH_INFO": url.path,
+            "QUERY_STRING": url.query,
+            "HTTP_AUTHORIZATION": entry["headers"].get("Authorization", ""),
+        }
+    )
+    if action == "s3:DeleteObjects":
+        keys = ElementTree.fromstring(raw).iterfind(".//{*}Object/{*}Key")
+        return action, tuple(key.text or "" for key in keys)
+    bucket_and_key = urllib.parse.unquote(url.path).lstrip("/").split("/", 1)
+    return action or "", tuple(bucket_and_key[1:])
 
 
 @dataclass(frozen=True)
@@ -166,8 +207,30 @@ class Setup:
 
     def send(self, bed: Bed, task: str, *args: Any) -> str:
         """Publish as a producer with its own rights does: here, ops."""
-        predefined = {"predefined_queues": {bed.queue: {"url": self.urls[bed.queue]}}}
-        return bed.send(task, *args, credentials=self.ops, transport_options=predefined)
+        options = {
+            "predefined_queues": {bed.queue: {"url": self.urls[bed.queue]}},
+            **LARGE_PAYLOADS,
+        }
+        return bed.send(task, *args, credentials=self.ops, transport_options=options)
+
+    def send_large(self, bed: Bed, label: str) -> tuple[str, str]:
+        """A task whose body goes through S3, and its object's key."""
+        before = set(self.objects())
+        task_id = self.send(bed, "sized", label, "x" * LARGE)
+        [key] = set(self.objects()) - before
+        return task_id, key
+
+    def objects(self) -> list[str]:
+        s3 = boto3.client(
+            "s3",
+            config=self.server.s3_config,
+            endpoint_url=self.server.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=self.ops[0],
+            aws_secret_access_key=self.ops[1],
+        )
+        listed = s3.list_objects_v2(Bucket=BUCKET).get("Contents") or []
+        return [entry["Key"] for entry in listed]
 
 
 def _moto_api(server: StrictSQSServer, method: str, route: str) -> str:
@@ -238,21 +301,24 @@ def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         iam.put_role_policy(
             RoleName=role_name,
             PolicyName="queue",
-            PolicyDocument=json.dumps(allow(WORKER_ACTIONS, queue_arn(role_queue))),
+            PolicyDocument=json.dumps(worker_policy(role_queue)),
         )
         role_arn = f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name}"
         result = Setup(
             server=server,
-            ops=_make_user(iam, "ops", allow("sqs:*", "*")),
+            ops=_make_user(iam, "ops", allow(["sqs:*", "s3:*"], "*")),
             broker=_make_user(iam, "broker", allow("sqs:*", queue_arn("elsewhere-*"))),
             queue_keys={
-                name: _make_user(iam, f"worker-{name}", allow(WORKER_ACTIONS, queue_arn(name)))
+                name: _make_user(iam, f"worker-{name}", worker_policy(name))
                 for name in (first, second)
             },
             sts_base=_make_user(iam, "sts-base", allow("sts:AssumeRole", role_arn)),
             role_queue=role_queue,
             role_arn=role_arn,
             urls=urls,
+        )
+        boto3.client("s3", config=server.s3_config, **server.boto3_kwargs).create_bucket(
+            Bucket=BUCKET
         )
         server.enforce_iam()
         _moto_api(server, "POST", "start-recording")
@@ -357,10 +423,21 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
             with pytest.raises(ClientError) as denied:
                 getattr(client, operation)(QueueUrl=enforced.urls[queue], **arguments)
             assert denied.value.response["Error"]["Code"] == "AccessDenied"
+    broker_s3 = boto3.client(
+        "s3",
+        config=server.s3_config,
+        endpoint_url=server.endpoint_url,
+        region_name=REGION,
+        aws_access_key_id=enforced.broker[0],
+        aws_secret_access_key=enforced.broker[1],
+    )
+    with pytest.raises(ClientError, match="AccessDenied"):
+        broker_s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}any")
     refused_before = len(server.refused_calls())
     recorded_before = len(enforced.recorded())
 
     beds = {queue: enforced.bed(queue, tmp_path) for queue in (first, second)}
+    large = {queue: enforced.send_large(bed, f"large-{queue}") for queue, bed in beds.items()}
     long_tasks = {
         queue: enforced.send(bed, "busy", f"long-{queue}", 3 * LEASE) for queue, bed in beds.items()
     }
@@ -386,6 +463,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
             "visibility_timeout": LEASE,
             "release_on_failure": True,
             "predefined_queues": predefined,
+            **LARGE_PAYLOADS,
         },
         IT_ACKS_ON_FAILURE="0",
         CELERY_WORKER_QUEUES=f"{first},{second}",
@@ -394,11 +472,12 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         AWS_SECRET_ACCESS_KEY=enforced.broker[1],
     ) as process:
         # Each failed task runs twice: released after each run, dead-lettered at the third receive.
-        beds[first].wait_for_executions(6, timeout=40)
+        beds[first].wait_for_executions(8, timeout=40)
         settled = settle(
             lambda: (
                 all(enforced.dead_lettered(queue) == 1 for queue in beds)
                 and all(long_task_deleted(server, q) for q in beds)
+                and not enforced.objects()
             ),
             timeout=10,
         )
@@ -416,6 +495,12 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
     broker_calls = collections.Counter(
         c.action for c in calls if c.access_key_id == enforced.broker[0]
     )
+    s3_keys = {
+        queue: collections.Counter(
+            (c.action, c.access_key_id) for c in calls if c.service == "s3" and key in c.objects
+        )
+        for queue, (_, key) in large.items()
+    }
     renewal_events = {
         queue: sum(
             1
@@ -431,6 +516,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         renewals=renewal_events,
         releases={queue: len(releases(server, queue)) for queue in beds},
         calls_by_action_and_key={q: dict(c) for q, c in keys_used.items()},
+        s3_calls_by_action_and_key={q: dict(c) for q, c in s3_keys.items()},
         broker_key_calls=dict(broker_calls),
         refused=len(refused),
         first_refused=refused[:1],
@@ -442,9 +528,18 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         long_tasks[second]: 1,
         failing[first]: 2,
         failing[second]: 2,
+        large[first][0]: 1,
+        large[second][0]: 1,
     }
     assert refused == []
-    assert settled, "the failed tasks were not dead-lettered, or the long tasks were not deleted"
+    assert settled, "tasks not dead-lettered, long tasks not deleted, or objects left"
+    # Each large body was read, and its object deleted, with its queue's key alone.
+    for queue, used in s3_keys.items():
+        own_key = enforced.queue_keys[queue][0]
+        assert set(used) == {("s3:GetObject", own_key), ("s3:DeleteObjects", own_key)}, s3_keys
+    assert {c.access_key_id for c in calls if c.service == "s3"} <= {
+        keys[0] for keys in enforced.queue_keys.values()
+    }
     for queue in beds:
         own_key = enforced.queue_keys[queue][0]
         # Every call on the queue, receives, renewals, releases and deletes, with its key.
@@ -488,6 +583,7 @@ def test_sts_role_credentials_are_followed_through_refreshes(
             "sts_role_arn": enforced.role_arn,
             "sts_token_timeout": STS_TOKEN_TIMEOUT,
             "sts_token_buffer_time": STS_TOKEN_TIMEOUT - TOKEN_LIFETIME,
+            **LARGE_PAYLOADS,
         },
         IT_ACKS_ON_FAILURE="0",
         IT_BROKER_URL=broker_url(server, *enforced.sts_base),
@@ -504,12 +600,18 @@ def test_sts_role_credentials_are_followed_through_refreshes(
                 if c.action == "AssumeRole" and c.access_key_id == enforced.sts_base[0]
             ]
 
-        # Sent after the first refresh, so that its releases need the new credentials.
+        # Sent after the first refresh, so that its releases, and the large task's S3
+        # read and delete, need the new credentials.
         assert settle(lambda: len(assumed()) >= 2, timeout=30), "the role was never re-assumed"
         failing = enforced.send(bed, "fails", "failed", "error")
-        bed.wait_for_executions(3, timeout=long_seconds + 30)
+        large, large_key = enforced.send_large(bed, "large")
+        bed.wait_for_executions(4, timeout=long_seconds + 30)
         settled = settle(
-            lambda: enforced.dead_lettered(queue) == 1 and long_task_deleted(server, queue),
+            lambda: (
+                enforced.dead_lettered(queue) == 1
+                and long_task_deleted(server, queue)
+                and not enforced.objects()
+            ),
             timeout=10,
         )
         log = process.log
@@ -520,10 +622,12 @@ def test_sts_role_credentials_are_followed_through_refreshes(
     refused = refused_since(server, refused_before)
     assume_roles = [c for c in calls if c.action == "AssumeRole"]
     on_queue = [c for c in calls if c.queue_url == enforced.urls[queue]]
-    role_keys = list(dict.fromkeys(c.access_key_id for c in on_queue))  # in order of first use
+    on_s3 = [c for c in calls if c.service == "s3"]
+    role_calls = [c for c in calls if c in on_queue or c in on_s3]
+    role_keys = list(dict.fromkeys(c.access_key_id for c in role_calls))  # in order of first use
     use_spans = {
-        key: max(c.signed_at for c in on_queue if c.access_key_id == key)
-        - min(c.signed_at for c in on_queue if c.access_key_id == key)
+        key: max(c.signed_at for c in role_calls if c.access_key_id == key)
+        - min(c.signed_at for c in role_calls if c.access_key_id == key)
         for key in role_keys
     }
     renewals = [
@@ -550,6 +654,9 @@ def test_sts_role_credentials_are_followed_through_refreshes(
             collections.Counter(role_keys.index(c.access_key_id) for c in release_calls)
         ),
         deletes_by_key=dict(collections.Counter(role_keys.index(c.access_key_id) for c in deletes)),
+        s3_calls_by_key=dict(
+            collections.Counter((c.action, role_keys.index(c.access_key_id)) for c in on_s3)
+        ),
         renewal_events_after_refresh=sum(
             1
             for e in long_events
@@ -560,15 +667,15 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         seconds=round(elapsed, 1),
     )
 
-    assert bed.runs_per_task() == {long_task: 1, failing: 2}
+    assert bed.runs_per_task() == {long_task: 1, failing: 2, large: 1}
     assert refused == []
     assert long_events == renewed_message(server, queue)
-    assert settled, "the failed task was not dead-lettered, or the long task's message not deleted"
+    assert settled, "the failed task not dead-lettered, the long task or the object not deleted"
     # kombu re-assumed the role during the long task: 15 s of work, 6 s per session.
     assert len(assume_roles) >= 3, assume_roles
     assert {c.access_key_id for c in assume_roles} == {enforced.sts_base[0]}
-    # Every call on the queue with the role's credentials, never the base key ...
-    assert all(c.has_session_token for c in on_queue)
+    # Every call on the queue and to S3 with the role's credentials, never the base key ...
+    assert all(c.has_session_token for c in role_calls)
     assert enforced.sts_base[0] not in role_keys
     # ... and with the current ones: no key signed calls for longer than kombu keeps it.
     # X-Amz-Date has whole seconds, and a call may take the old client while another thread
@@ -586,6 +693,10 @@ def test_sts_role_credentials_are_followed_through_refreshes(
     assert len(release_calls) == 2 and len(releases(server, queue)) == 2
     assert all(c.access_key_id != role_keys[0] for c in release_calls + deletes)
     assert deletes, on_queue
+    # The large task's object was read and deleted with a role key newer than the first.
+    s3_use = [(c.action, c.objects) for c in on_s3]
+    assert s3_use == [("s3:GetObject", (large_key,)), ("s3:DeleteObjects", (large_key,))], on_s3
+    assert all(c.access_key_id != role_keys[0] for c in on_s3)
     assert enforced.dead_lettered(queue) == 1
     assert "AccessDenied" not in log
     assert "ExpiredToken" not in log
