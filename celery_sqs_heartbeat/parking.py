@@ -1,0 +1,146 @@
+"""Parking: whether a received task waits in SQS for its ETA, and for how long. Pure.
+
+A Celery worker keeps a task with an ETA (or countdown) unacked in memory until it is
+due, and the transport renews its lease all that time. That costs a renewal per lease
+period of the wait, and it cannot last: SQS hides a received message for at most 12
+hours, after which another worker may receive it and the task runs twice. A *parked*
+message is instead hidden again at the receive, until shortly before its ETA (or for as
+long as one receive may hide it), and forgotten: no lease, nothing in memory. Whoever
+receives it next decides again.
+
+This module only reads and decides; the channel (:mod:`celery_sqs_heartbeat.parking_channel`)
+sends the visibility change. Time is passed in as seconds since the epoch, because an
+ETA is a wall-clock instant that every worker must read the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["RETURN_LEAD", "Due", "ParkingPolicy", "read_due"]
+
+#: Seconds before its ETA a parked message becomes visible again (at most half the
+#: threshold). Long enough for a worker's long poll, 20 s at most, to pick it up before
+#: it is due; short enough that the worker then holds it within its first lease
+#: (30 s by default), with no renewal at all.
+RETURN_LEAD = 20.0
+
+#: Seconds after its ``expires`` that a message parked past it comes back: it is then
+#: delivered, and Celery discards it as expired instead of holding it for its ETA.
+EXPIRED_SLACK = 1.0
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a task message's headers (Celery's message protocol 2) say about its time."""
+
+    task_id: str | None
+    task_name: str | None
+    #: Seconds since the epoch; None: no ETA, the task is due now.
+    eta: float | None
+    expires: float | None
+
+
+@dataclass(frozen=True)
+class ParkingPolicy:
+    """When to park, and for how long at most."""
+
+    #: Park a message whose ETA is further away than this many seconds.
+    threshold: float
+    #: The longest one receive may hide a message: SQS's limit less the lease margin,
+    #: or ``visibility_extension_max`` (:attr:`LeasePolicy.hold_limit`).
+    longest_hide: float
+
+    @property
+    def lead(self) -> float:
+        return min(RETURN_LEAD, self.threshold / 2)
+
+    def hide_for(self, due: Due | None, now: float) -> int | None:
+        """Whole seconds to hide the message for, or None to deliver it to Celery now.
+
+        Delivered: no ETA, an ETA within the threshold, or an ``expires`` already past
+        (Celery then discards it as it does any expired task). A message due to expire
+        before its ETA comes back just after it expires, to be discarded then.
+        """
+        if due is None or due.eta is None or due.eta - now <= self.threshold:
+            return None
+        if due.expires is not None and due.expires <= now:
+            return None
+        back_at = due.eta - self.lead
+        if due.expires is not None:
+            back_at = min(back_at, due.expires + EXPIRED_SLACK)
+        hide = back_at - now
+        if hide > self.longest_hide:
+            # Not back in time with one hide: come back while still beyond the threshold,
+            # to be parked again (one more hop), not held for the rest of the wait.
+            hide = min(self.longest_hide, due.eta - now - self.threshold - 1)
+        return max(1, math.floor(hide))
+
+
+def read_due(body: str) -> Due | None:
+    """The task's id, name, ETA and expiry, from an SQS message body as kombu sends it.
+
+    kombu sends the message's JSON envelope base64-encoded or as it is, depending on its
+    version. None for anything that is not a protocol 2 task message: a message of
+    Celery's protocol 1 (ETA in the body, which may be pickled) is held as before; so
+    is an ETA that cannot be read, which Celery itself will reject.
+    """
+    envelope = _envelope(body)
+    headers = envelope.get("headers") if envelope else None
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    try:
+        eta = _instant(headers.get("eta"))
+        expires = _instant(headers.get("expires"))
+    except ValueError:
+        return None
+    return Due(_text(headers.get("id")), _text(headers.get("task")), eta, expires)
+
+
+def _envelope(body: str) -> dict[str, Any] | None:
+    for text in (body, _b64_decoded(body)):
+        if text is None:
+            continue
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            return parsed
+    return None
+
+
+def _b64_decoded(body: str) -> str | None:
+    try:
+        return base64.b64decode(body.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _instant(value: Any) -> float | None:
+    """An ISO 8601 instant as seconds since the epoch; naive means UTC, as for Celery.
+
+    Celery's worker reads a naive ETA as UTC (``maybe_make_aware``); Celery's own
+    producers always send an offset.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"not an ISO 8601 string: {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
