@@ -20,7 +20,9 @@ A lease from receive to confirmed delete, one step a function:
    ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
 
 The receive loop itself, its backoff and its waking on freed prefetch room, is
-:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`, which this channel extends.
+:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`; before step 1,
+:class:`~celery_sqs_heartbeat.parking_channel.ParkingChannel` hides tasks whose ETA is
+far away again, and they never become leases. This channel extends both.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from .lease_table import LeaseTable
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
+from .parking_channel import ParkingChannel
 from .prometheus import start_exporter
-from .receive_loop import ReceivingChannel
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
@@ -98,7 +100,7 @@ class QoS(SQS.QoS):
         return []
 
 
-class Channel(ReceivingChannel):
+class Channel(ParkingChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
@@ -197,7 +199,7 @@ class Channel(ReceivingChannel):
         """
         now = self.manager.clock()
         to_deliver: list[dict[str, Any]] = []
-        for sqs_message in received:
+        for sqs_message in self._unparked(received, self._lease_queue(queue_url, queue_name)):
             handle = sqs_message.get("ReceiptHandle")
             if not handle:
                 to_deliver.append(sqs_message)

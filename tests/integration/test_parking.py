@@ -1,0 +1,97 @@
+"""Countdowns longer than SQS's hold limit run once, on time, parked in SQS (issue 18).
+
+SQS's 12-hour hold limit is scaled down to :data:`SHORT_HOLD` seconds on a strict server
+of this module's own, and the workers' to :data:`HOLD` (``visibility_extension_max``),
+as in ``test_worker_stops``'s hold-limit scenarios. Countdowns are several times that:
+a worker holding such a task would lose it to SQS, which hands it to another worker.
+Parked, each task comes back every :data:`HOLD` seconds to whichever worker receives
+it, is parked again, and is delivered :data:`THRESHOLD` / 2 before its ETA.
+
+Every count comes from the tasks' own records and the server's per-message event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_sqs_heartbeat.testing import StrictSQSServer
+
+from .harness import Bed, Sent, new_bed, report, send_recorded
+from .test_worker_stops import events_of, of_action, start
+
+#: SQS's 12 hours, scaled down; and the workers' hold limit, under it.
+SHORT_HOLD = 12
+HOLD = 8
+LEASE = 4
+#: ETAs further away than this are parked; parked ones come back half of it early.
+THRESHOLD = 4
+OPTIONS = {
+    "visibility_timeout": LEASE,
+    "visibility_extension_max": HOLD,
+    "eta_parking_threshold": THRESHOLD,
+    "ack_batch_interval": 0.2,
+}
+#: How late after its ETA a task may start: Celery's timer, a loaded 2-core machine.
+LATENESS = 3.0
+
+
+@pytest.fixture(scope="module")
+def short_hold_server() -> Iterator[StrictSQSServer]:
+    with StrictSQSServer(max_hold_seconds=SHORT_HOLD) as server:
+        yield server
+
+
+@pytest.fixture
+def parking_bed(short_hold_server: StrictSQSServer, tmp_path: Path) -> Bed:
+    return new_bed(short_hold_server, tmp_path)
+
+
+def send_due_in(bed: Bed, label: str, seconds: float, **options: Any) -> tuple[Sent, float]:
+    """A task with an absolute ETA ``seconds`` from now; the task and its ETA (epoch)."""
+    eta = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    return send_recorded(bed, "busy", label, 0.1, eta=eta, **options), eta.timestamp()
+
+
+def lateness(bed: Bed, sent: list[tuple[Sent, float]]) -> dict[str, float]:
+    starts = {r["task_id"]: r["start"] for r in bed.executions()}
+    return {task.task_id: round(starts[task.task_id] - eta, 2) for task, eta in sent}
+
+
+def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_bed: Bed) -> None:
+    """Three workers on the queue (threads, prefork, gevent); ETAs two to four holds away."""
+    bed = parking_bed
+    bed.create_queue(visibility_timeout=60)
+    with ExitStack() as stack:
+        workers = {
+            pool: start(stack, bed, pool, 2, pool, options=OPTIONS)
+            for pool in ("threads", "prefork", "gevent")
+        }
+        for process in workers.values():
+            process.wait_ready()
+        sent = [send_due_in(bed, f"due-{n}", 2 * HOLD + 4 * n) for n in range(5)]
+        last_eta = max(eta for _, eta in sent)
+        bed.wait_for_executions(len(sent), timeout=last_eta - datetime.now().timestamp() + 20)
+        # A duplicate would come one hold later at most.
+        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        logs = {pool: process.log for pool, process in workers.items()}
+    late = lateness(bed, sent)
+    receives = {t.task_id: len(of_action(events_of(bed, t), "receive")) for t, _ in sent}
+    parks = {pool: log.count("Parking task") for pool, log in logs.items()}
+    report("parking/pools", runs=bed.runs_per_task(), lateness=late, receives=receives, parks=parks)
+    assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
+    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    # Parked at least twice each: every receive but the last hid the task again.
+    assert all(count >= 3 for count in receives.values()), receives
+    for task, _ in sent:
+        events = events_of(bed, task)
+        hides = [e for e in of_action(events, "change_visibility") if e["visibility"] > LEASE]
+        assert hides and all(e["result"] == "ok" for e in hides), events
+        assert all(e["visibility"] <= HOLD for e in hides), events
+    assert sum(parks.values()) >= 2 * len(sent), parks
+    assert not any("Traceback" in log or "Lost the SQS lease" in log for log in logs.values())
