@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .sqs_facts import SQS_MAX_DELAY_SECONDS
+
 __all__ = ["RETURN_LEAD", "Due", "ParkingPolicy", "read_due"]
 
 #: Seconds before its ETA a parked message becomes visible again (at most half the
@@ -81,6 +83,27 @@ class ParkingPolicy:
             # to be parked again (one more hop), not held for the rest of the wait.
             hide = min(self.longest_hide, due.eta - now - self.threshold - 1)
         return max(1, math.floor(hide))
+
+    def fresh_copy_delay(
+        self, due: Due | None, hide: int | None, receive_count: int, now: float
+    ) -> int | None:
+        """On a queue with a dead-letter queue: the delay of a fresh copy, None for none.
+
+        Every receive counts towards the queue's ``maxReceiveCount``, so a task that came
+        back from a park (received before: ``receive_count`` 2 or more) and is parked
+        again, or is delivered before its ETA, is sent again as a new message instead,
+        which SQS counts from 1: waiting never moves a task to the dead-letter queue, and
+        its delivery keeps every receive the queue allows for its failures. A new message
+        waits at most 15 minutes before it is first visible; then it is parked again.
+        """
+        if receive_count < 2 or due is None or due.eta is None:
+            return None
+        if hide is None:
+            expired = due.expires is not None and due.expires <= now
+            if expired or due.eta - now < 1:
+                return None
+            hide = math.ceil(due.eta - now)
+        return min(SQS_MAX_DELAY_SECONDS, hide)
 
 
 def read_due(body: str) -> Due | None:

@@ -7,21 +7,31 @@ What to park, and for how long, is :mod:`celery_sqs_heartbeat.parking`'s decisio
 
 A FIFO queue's parked message holds its message group, as a held one does: SQS gives out
 no later message of the group while one is in flight, visible or not.
+
+Every receive counts towards a queue's ``maxReceiveCount``. On a standard queue with a
+dead-letter queue, a task that was received before is not hidden again but sent again as
+a fresh copy (same body, so same task id and headers; SQS counts it from 1), and the
+original deleted once SQS confirmed the copy. A worker that dies between the two leaves
+both: the original comes back after its lease, is copied again, and the task runs twice.
+
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery.utils.log import get_logger
 
-from .leases import Lease, LeasePolicy
+from .leases import EntryResult, Lease, LeasePolicy
 from .manager import VisibilityExtensionManager
 from .options import HeartbeatOptions
 from .parking import ParkingPolicy, read_due
 from .receive_loop import ReceivingChannel
 from .sqs import SQSQueue
+from .sqs_facts import is_fifo
 
 __all__ = ["ParkingChannel"]
 
@@ -43,10 +53,17 @@ class ParkingChannel(ReceivingChannel):
         now, received_at = time.time(), self.manager.clock()
         delivered: list[dict[str, Any]] = []
         parked: list[tuple[Lease, int]] = []
+        copies: list[tuple[Lease, str, int]] = []
         for sqs_message in received:
             handle = sqs_message.get("ReceiptHandle")
             due = read_due(sqs_message.get("Body") or "") if handle else None
             hide = policy.hide_for(due, now)
+            count = _receive_count(sqs_message)
+            copy = policy.fresh_copy_delay(due, hide, count, now)
+            if copy is not None and self._counts_receives(queue):
+                hide = copy
+            elif hide is None:
+                copy = None
             if due is None or hide is None or not handle:
                 delivered.append(sqs_message)
                 continue
@@ -58,14 +75,61 @@ class ParkingChannel(ReceivingChannel):
                 task_id=due.task_id,
                 task_name=due.task_name,
                 message_id=sqs_message.get("MessageId"),
+                receive_count=count,
             )
-            parked.append((lease, hide))
+            if copy is None:
+                parked.append((lease, hide))
+            else:
+                copies.append((lease, sqs_message["Body"], copy))
             logger.info(
-                "Parking task %s in SQS for %d s: its ETA is %.0f s away",
+                "Parking task %s in SQS for %d s%s: its ETA is %.0f s away",
                 lease.describe(),
                 hide,
+                "" if copy is None else f" as a fresh copy (receive {count})",
                 (due.eta or now) - now,
             )
         if parked:
             self.manager.release(parked, "parked", self.options.ack_batch_interval)
+        if copies:
+            _start(self._send_fresh_copies, queue, copies)
         return delivered
+
+    def _counts_receives(self, queue: SQSQueue) -> bool:
+        """Whether receives move the queue's messages to a dead-letter queue.
+
+        FIFO queues are left out: they take no delay per message, and a copy would go to
+        the back of its message group.
+        """
+        return not is_fifo(queue.name) and bool(self._has_redrive_policy(queue.name, queue.url))
+
+    def _send_fresh_copies(self, queue: SQSQueue, copies: list[tuple[Lease, str, int]]) -> None:
+        """Send the copies; delete each original only once SQS confirmed its copy.
+
+        An original whose copy failed is parked as it is instead, to be copied at its
+        next receive.
+        """
+        results = queue.send_copies(copies)
+        wait = self.options.ack_batch_interval
+        for lease, _, delay in copies:
+            outcome, reason = results.get(lease, (EntryResult.TRANSIENT, "no answer"))
+            if outcome is EntryResult.OK:
+                self.manager.delete(lease, wait)
+            else:
+                logger.warning(
+                    "Could not send a fresh copy of parked task %s (%s); parked as it is",
+                    lease.describe(),
+                    reason,
+                )
+                self.manager.release([(lease, delay)], "parked", wait)
+
+
+def _receive_count(sqs_message: dict[str, Any]) -> int:
+    try:
+        return int((sqs_message.get("Attributes") or {}).get("ApproximateReceiveCount", 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _start(target: Callable[..., None], *args: Any) -> None:
+    """SendMessageBatch off the receive loop's thread (a greenlet under gevent)."""
+    threading.Thread(target=target, args=args, name="sqs-park-copies", daemon=True).start()

@@ -137,6 +137,19 @@ class SQSQueue:
         ]
         return self._batch_call("delete_message_batch", leases, request)
 
+    def send_copies(
+        self, copies: Sequence[tuple[Lease, str, int]]
+    ) -> dict[Lease, tuple[EntryResult, str]]:
+        """Send each ``(lease, body, delay)`` as a new message, ten at most, in one call.
+
+        A fresh copy of a received message, which SQS counts from its first receive.
+        """
+        request = [
+            {"Id": str(index), "MessageBody": body, "DelaySeconds": delay}
+            for index, (_, body, delay) in enumerate(copies)
+        ]
+        return self._batch_call("send_message_batch", [lease for lease, _, _ in copies], request)
+
     def _batch_call(
         self, operation: str, leases: Sequence[Lease], request: list[dict[str, Any]]
     ) -> dict[Lease, tuple[EntryResult, str]]:

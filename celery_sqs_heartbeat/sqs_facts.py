@@ -18,6 +18,7 @@ __all__ = [
     "LOST_LEASE_CODES",
     "QUEUE_MISSING_CODES",
     "SQS_BATCH_SIZE",
+    "SQS_MAX_DELAY_SECONDS",
     "SQS_MAX_HOLD_SECONDS",
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
@@ -36,6 +37,10 @@ SQS_MAX_MESSAGES = 10
 #: SQS never keeps a message invisible for longer than 12 hours after one receive: a
 #: visibility timeout above this is refused, and renewals cannot push past it either.
 SQS_MAX_HOLD_SECONDS = 43_200
+
+#: The longest a message sent to a standard queue may wait before it is first visible
+#: (``DelaySeconds``); FIFO queues take no per-message delay at all.
+SQS_MAX_DELAY_SECONDS = 900
 
 #: Messages a standard queue may have in flight (received, neither deleted nor visible
 #: again); past it ReceiveMessage answers ``OverLimit``. One worker may hold them all, so

@@ -95,3 +95,32 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_be
         assert all(e["visibility"] <= HOLD for e in hides), events
     assert sum(parks.values()) >= 2 * len(sent), parks
     assert not any("Traceback" in log or "Lost the SQS lease" in log for log in logs.values())
+
+
+def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_bed: Bed) -> None:
+    """maxReceiveCount 2, an ETA four holds away: parked and copied, never dead-lettered."""
+    bed = parking_bed
+    bed.create_queue(visibility_timeout=60, max_receive_count=2)
+    with ExitStack() as stack:
+        workers = [start(stack, bed, "threads", 2, name, options=OPTIONS) for name in "ab"]
+        for process in workers:
+            process.wait_ready()
+        sent = [send_due_in(bed, f"due-{n}", 4 * HOLD + 2 * n) for n in range(2)]
+        bed.wait_for_executions(len(sent), timeout=4 * HOLD + 20)
+        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        logs = [process.log for process in workers]
+    dead = dead_lettered(bed)
+    late = lateness(bed, sent)
+    copies = sum(log.count("as a fresh copy") for log in logs)
+    report("parking/dlq", runs=bed.runs_per_task(), lateness=late, copies=copies, dead=len(dead))
+    assert dead == []
+    assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
+    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    assert copies >= len(sent), logs
+    assert not any("Traceback" in log for log in logs)
+
+
+def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
+    sqs = bed.sqs()
+    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
+    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=1).get("Messages", []))

@@ -132,3 +132,28 @@ def test_an_eta_in_the_past_after_a_long_park_is_delivered() -> None:
     late = datetime.fromtimestamp(NOW, timezone.utc) - timedelta(hours=1)
 
     assert POLICY.hide_for(read_due(envelope(eta=late.isoformat())), NOW) is None
+
+
+def test_a_first_receive_is_hidden_not_copied() -> None:
+    assert POLICY.fresh_copy_delay(due(NOW + 3600), 3580, 1, NOW) is None
+
+
+def test_a_task_back_from_a_park_is_copied_at_most_15_minutes_ahead() -> None:
+    assert POLICY.fresh_copy_delay(due(NOW + 86_400), 43_140, 2, NOW) == 900
+    assert POLICY.fresh_copy_delay(due(NOW + 1000), 980, 5, NOW) == 900
+    assert POLICY.fresh_copy_delay(due(NOW + 600), 580, 2, NOW) == 580
+
+
+def test_a_task_back_before_its_eta_is_delivered_as_a_copy_due_at_the_eta() -> None:
+    # Within the threshold: no park, but a copy that SQS first shows at the ETA.
+    assert POLICY.fresh_copy_delay(due(NOW + 19.2), None, 2, NOW) == 20
+
+
+@pytest.mark.parametrize(
+    "back",
+    [due(None), due(NOW + 0.5), due(NOW - 10), due(NOW + 19, expires=NOW - 1)],
+    ids=["no-eta", "due-now", "overdue", "expired"],
+)
+def test_a_task_back_and_due_or_expired_is_delivered_as_it_is(back: Due) -> None:
+    assert POLICY.fresh_copy_delay(back, POLICY.hide_for(back, NOW), 3, NOW) is None
+    assert POLICY.fresh_copy_delay(None, None, 3, NOW) is None
