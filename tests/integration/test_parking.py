@@ -12,6 +12,8 @@ Every count comes from the tasks' own records and the server's per-message event
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
@@ -22,7 +24,8 @@ import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-from .harness import Bed, Sent, new_bed, report, send_recorded
+from .harness import Bed, Sent, new_bed, report, send_recorded, wait_for
+from .test_fifo import fifo_queue
 from .test_worker_stops import events_of, of_action, start
 
 #: SQS's 12 hours, scaled down; and the workers' hold limit, under it.
@@ -124,3 +127,70 @@ def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
     sqs = bed.sqs()
     dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
     return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=1).get("Messages", []))
+
+
+def hidden(bed: Bed, task: Sent) -> bool:
+    """Whether SQS confirmed a park of ``task``: a visibility change longer than a lease."""
+    changes = of_action(events_of(bed, task), "change_visibility")
+    return any(e["visibility"] > LEASE and e["result"] == "ok" for e in changes)
+
+
+def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_none(
+    parking_bed: Bed,
+) -> None:
+    """Parked by "a", which is SIGKILLed; "b" takes over and is stopped (SIGTERM); "c" runs them.
+
+    One task expires before its ETA: it comes back just after it expires and Celery
+    discards it, unrun.
+    """
+    bed = parking_bed
+    bed.create_queue(visibility_timeout=60)
+    with ExitStack() as stack:
+        first = start(stack, bed, "prefork", 2, "a", options=OPTIONS)
+        first.wait_ready()
+        sent = [send_due_in(bed, f"due-{n}", 3 * HOLD + n) for n in range(3)]
+        expiring, _ = send_due_in(bed, "expiring", 3 * HOLD, expires=HOLD + 2)
+        wait_for(lambda: all(hidden(bed, t) for t, _ in [*sent, (expiring, 0)]), 10, "parks")
+        first.kill(signal.SIGKILL)
+        second = start(stack, bed, "threads", 2, "b", options=OPTIONS)
+        second.wait_ready()
+        time.sleep(HOLD)
+        assert second.warm_shutdown(30) == 0, second.log
+        third = start(stack, bed, "gevent", 2, "c", options=OPTIONS)
+        bed.wait_for_executions(len(sent), timeout=max(eta for _, eta in sent) - time.time() + 15)
+        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        logs = {p.log_path.name: p.log_path.read_text() for p in (first, second, third)}
+    late = lateness(bed, sent)
+    released = [
+        e
+        for task, _ in [*sent, (expiring, 0)]
+        for e in of_action(events_of(bed, task), "change_visibility")
+        if e["visibility"] == 0
+    ]
+    report("parking/restarts", runs=bed.runs_per_task(), lateness=late, released=released)
+    assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
+    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    # Nothing of a parked task was in a worker to hand back at shutdown.
+    assert released == [], released
+    assert any(e["result"] == "ok" for e in of_action(events_of(bed, expiring), "delete")), logs
+    assert not any("Traceback" in log for log in logs.values())
+
+
+def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
+    """The group's next task waits for the parked one, as it waits behind a held one."""
+    bed = parking_bed
+    fifo_queue(bed, 60)
+    first, eta = send_due_in(bed, "parked", 2 * HOLD, MessageGroupId="g")
+    then = send_recorded(bed, "busy", "then", 0.1, MessageGroupId="g")
+    other = send_recorded(bed, "busy", "other", 0.1, MessageGroupId="h")
+    with ExitStack() as stack:
+        process = start(stack, bed, "threads", 2, "a", options=OPTIONS)
+        bed.wait_for_executions(3, timeout=2 * HOLD + 20)
+        log = process.log
+    runs = {r["name"]: r for r in bed.executions()}
+    report("parking/fifo", order=sorted(runs, key=lambda name: runs[name]["start"]))
+    assert bed.runs_per_task() == {t.task_id: 1 for t in (first, then, other)}, log
+    assert "Parking task" in log, log
+    assert runs["other"]["start"] < eta
+    assert eta <= runs["parked"]["start"] <= eta + LATENESS
+    assert runs["then"]["start"] >= runs["parked"]["end"]
