@@ -1,8 +1,9 @@
 """The receive's first step: tasks whose ETA is far away are parked in SQS, not delivered.
 
 A parked message never becomes a lease: it is hidden again by a visibility change that
-waits in the manager's outbox with the acks and releases (``ack_batch_interval``, ten to
-a ``ChangeMessageVisibilityBatch`` call), and then nothing of it is left in the worker.
+waits in the manager's outbox with the acks and releases (for up to half its receive's
+lease, ten to a ``ChangeMessageVisibilityBatch`` call), and then nothing of it is left
+in the worker.
 What to park, and for how long, is :mod:`celery_sqs_heartbeat.parking`'s decision.
 
 A FIFO queue's parked message holds its message group, as a held one does: SQS gives out
@@ -23,12 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from celery.utils.log import get_logger
 
 from .leases import EntryResult, Lease, LeasePolicy
 from .manager import VisibilityExtensionManager
 from .options import HeartbeatOptions
-from .parking import ParkingPolicy, read_due
+from .parking import PARK_WAIT_SHARE, ParkingPolicy, read_due
 from .receive_loop import ReceivingChannel
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
@@ -45,6 +47,11 @@ class ParkingChannel(ReceivingChannel):
     manager: VisibilityExtensionManager
     lease_policy: LeasePolicy
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Whether each queue has a redrive policy, by URL, read at its first copy.
+        self._redrive: dict[str, bool] = {}
+
     def _unparked(self, received: list[dict[str, Any]], queue: SQSQueue) -> list[dict[str, Any]]:
         """The received messages to deliver; the others are parked until near their ETA."""
         if not self.options.eta_parking:
@@ -60,10 +67,9 @@ class ParkingChannel(ReceivingChannel):
             hide = policy.hide_for(due, now)
             count = _receive_count(sqs_message)
             copy = policy.fresh_copy_delay(due, hide, count, now)
-            if copy is not None and self._counts_receives(queue):
-                hide = copy
-            elif hide is None:
+            if copy is not None and not self._counts_receives(queue):
                 copy = None
+            hide = hide if copy is None else copy
             if due is None or hide is None or not handle:
                 delivered.append(sqs_message)
                 continue
@@ -82,14 +88,15 @@ class ParkingChannel(ReceivingChannel):
             else:
                 copies.append((lease, sqs_message["Body"], copy))
             logger.info(
-                "Parking task %s in SQS for %d s%s: its ETA is %.0f s away",
+                "Parking %s in SQS for %d s%s: its ETA is %.0f s away",
                 lease.describe(),
                 hide,
                 "" if copy is None else f" as a fresh copy (receive {count})",
                 (due.eta or now) - now,
             )
         if parked:
-            self.manager.release(parked, "parked", self.options.ack_batch_interval)
+            wait = self.options.visibility_timeout * PARK_WAIT_SHARE
+            self.manager.release(parked, "parked", wait)
         if copies:
             _start(self._send_fresh_copies, queue, copies)
         return delivered
@@ -98,9 +105,23 @@ class ParkingChannel(ReceivingChannel):
         """Whether receives move the queue's messages to a dead-letter queue.
 
         FIFO queues are left out: they take no delay per message, and a copy would go to
-        the back of its message group.
+        the back of its message group. Read once per queue and channel: a redrive policy
+        added later is seen after the worker reconnects or restarts.
         """
-        return not is_fifo(queue.name) and bool(self._has_redrive_policy(queue.name, queue.url))
+        if is_fifo(queue.name):
+            return False
+        if queue.url not in self._redrive:
+            try:
+                self._redrive[queue.url] = queue.has_redrive_policy()
+            except (ClientError, BotoCoreError, OSError) as exc:
+                logger.warning(
+                    "Could not read the redrive policy of SQS queue %s (%r): parked tasks "
+                    "received again are sent as fresh copies, as with a dead-letter queue",
+                    queue.name,
+                    exc,
+                )
+                return True
+        return self._redrive[queue.url]
 
     def _send_fresh_copies(self, queue: SQSQueue, copies: list[tuple[Lease, str, int]]) -> None:
         """Send the copies; delete each original only once SQS confirmed its copy.

@@ -150,6 +150,15 @@ class SQSQueue:
         ]
         return self._batch_call("send_message_batch", [lease for lease, _, _ in copies], request)
 
+    def has_redrive_policy(self) -> bool:
+        """Whether the queue moves messages to a dead-letter queue after so many receives.
+
+        Raises what botocore raises: the caller decides what an unreadable policy means.
+        """
+        client = renewal_client(self._client_source())
+        answer = client.get_queue_attributes(QueueUrl=self.url, AttributeNames=["RedrivePolicy"])
+        return "RedrivePolicy" in answer.get("Attributes", {})
+
     def _batch_call(
         self, operation: str, leases: Sequence[Lease], request: list[dict[str, Any]]
     ) -> dict[Lease, tuple[EntryResult, str]]:

@@ -85,7 +85,7 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_be
         logs = {pool: process.log for pool, process in workers.items()}
     late = lateness(bed, sent)
     receives = {t.task_id: len(of_action(events_of(bed, t), "receive")) for t, _ in sent}
-    parks = {pool: log.count("Parking task") for pool, log in logs.items()}
+    parks = {pool: log.count("Parking task ") for pool, log in logs.items()}
     report("parking/pools", runs=bed.runs_per_task(), lateness=late, receives=receives, parks=parks)
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
     assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
@@ -190,7 +190,7 @@ def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
     runs = {r["name"]: r for r in bed.executions()}
     report("parking/fifo", order=sorted(runs, key=lambda name: runs[name]["start"]))
     assert bed.runs_per_task() == {t.task_id: 1 for t in (first, then, other)}, log
-    assert "Parking task" in log, log
+    assert "Parking task " in log, log
     assert runs["other"]["start"] < eta
     assert eta <= runs["parked"]["start"] <= eta + LATENESS
     assert runs["then"]["start"] >= runs["parked"]["end"]
