@@ -28,16 +28,17 @@ from .sqs_facts import SQS_MAX_DELAY_SECONDS
 __all__ = ["PARK_WAIT_SHARE", "RETURN_LEAD", "Due", "ParkingPolicy", "read_due"]
 
 #: Seconds before its ETA a parked message becomes visible again (at most half the
-#: threshold). Long enough for a worker's long poll, 20 s at most, to pick it up before
-#: it is due; short enough that the worker then holds it within its first lease
-#: (30 s by default), with no renewal at all.
-RETURN_LEAD = 20.0
+#: threshold): a worker's long poll in progress receives it at once, one between polls at
+#: its next. Plus the park's wait for company (:data:`PARK_WAIT_SHARE`), 25 s at most at
+#: the default 30 s lease: the worker then holds it within its first lease, unrenewed.
+RETURN_LEAD = 10.0
 
 #: The share of its receive's lease a park may wait for company in its call. The
-#: message is hidden by that lease anyway, so waiting costs nothing, and a full call of
-#: ten parks costs a tenth of one: at the default 30 s lease, 15 s fill every call from
-#: two parks a second (benchmarks/parking_requests.py). Half leaves the other half for
-#: the call to land before the lease runs out.
+#: message is hidden by that lease anyway, and a full call of ten parks costs a tenth of
+#: one: at the default 30 s lease, 15 s fill every call from under one park a second
+#: (benchmarks/parking_requests.py). Half leaves the other half for the call to land
+#: before the lease runs out. The price: a park sent at once comes back up to that much
+#: earlier (:meth:`ParkingPolicy.hide_for`), within the first lease still.
 PARK_WAIT_SHARE = 0.5
 
 #: Seconds after its ``expires`` that a message parked past it comes back: it is then
@@ -70,12 +71,15 @@ class ParkingPolicy:
     def lead(self) -> float:
         return min(RETURN_LEAD, self.threshold / 2)
 
-    def hide_for(self, due: Due | None, now: float) -> int | None:
+    def hide_for(self, due: Due | None, now: float, sent_within: float = 0.0) -> int | None:
         """Whole seconds to hide the message for, or None to deliver it to Celery now.
 
         Delivered: no ETA, an ETA within the threshold, or an ``expires`` already past
         (Celery then discards it as it does any expired task). A message due to expire
-        before its ETA comes back just after it expires, to be discarded then.
+        before its ETA comes back just after it expires, to be discarded then. SQS counts
+        a hide from when the call lands, which may wait ``sent_within`` seconds for
+        company: the hide is reckoned from then, so it never ends later than meant
+        (sent sooner, it ends up to that much earlier).
         """
         if due is None or due.eta is None or due.eta - now <= self.threshold:
             return None
@@ -84,11 +88,12 @@ class ParkingPolicy:
         back_at = due.eta - self.lead
         if due.expires is not None:
             back_at = min(back_at, due.expires + EXPIRED_SLACK)
-        hide = back_at - now
+        start = now + sent_within
+        hide = back_at - start
         if hide > self.longest_hide:
             # Not back in time with one hide: come back while still beyond the threshold,
             # to be parked again (one more hop), not held for the rest of the wait.
-            hide = min(self.longest_hide, due.eta - now - self.threshold - 1)
+            hide = min(self.longest_hide, due.eta - start - self.threshold - 1)
         return max(1, math.floor(hide))
 
     def fresh_copy_delay(

@@ -58,13 +58,14 @@ class ParkingChannel(ReceivingChannel):
             return received
         policy = ParkingPolicy(self.options.eta_parking_threshold, self.lease_policy.hold_limit)
         now, received_at = time.time(), self.manager.clock()
+        wait = self.options.visibility_timeout * PARK_WAIT_SHARE
         delivered: list[dict[str, Any]] = []
         parked: list[tuple[Lease, int]] = []
         copies: list[tuple[Lease, str, int]] = []
         for sqs_message in received:
             handle = sqs_message.get("ReceiptHandle")
             due = read_due(sqs_message.get("Body") or "") if handle else None
-            hide = policy.hide_for(due, now)
+            hide = policy.hide_for(due, now, wait)
             count = _receive_count(sqs_message)
             copy = policy.fresh_copy_delay(due, hide, count, now)
             if copy is not None and not self._counts_receives(queue):
@@ -95,7 +96,6 @@ class ParkingChannel(ReceivingChannel):
                 (due.eta or now) - now,
             )
         if parked:
-            wait = self.options.visibility_timeout * PARK_WAIT_SHARE
             self.manager.release(parked, "parked", wait)
         if copies:
             _start(self._send_fresh_copies, queue, copies)

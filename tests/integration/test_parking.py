@@ -89,14 +89,17 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_be
     report("parking/pools", runs=bed.runs_per_task(), lateness=late, receives=receives, parks=parks)
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
     assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
-    # Parked at least twice each: every receive but the last hid the task again.
-    assert all(count >= 3 for count in receives.values()), receives
+    # Parked once at least, most of them twice: every receive but the last hid it again.
+    assert all(count >= 2 for count in receives.values()), receives
+    assert sum(count >= 3 for count in receives.values()) >= 3, receives
     for task, _ in sent:
         events = events_of(bed, task)
         hides = [e for e in of_action(events, "change_visibility") if e["visibility"] > LEASE]
         assert hides and all(e["result"] == "ok" for e in hides), events
         assert all(e["visibility"] <= HOLD for e in hides), events
     assert sum(parks.values()) >= 2 * len(sent), parks
+    # No dead-letter queue: hidden again, never copied.
+    assert not any("fresh copy" in log for log in logs.values()), logs
     assert not any("Traceback" in log or "Lost the SQS lease" in log for log in logs.values())
 
 

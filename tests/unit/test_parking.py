@@ -95,7 +95,7 @@ def test_a_far_eta_is_hidden_for_the_longest_hide_and_parked_again() -> None:
         hops.append(hide)
         now += hide
     # The sixth hop is cut short so that the rest (901 s) is parked again, not held.
-    assert hops == [43_140] * 5 + [42_599, 881]
+    assert hops == [43_140] * 5 + [42_599, 891]
     assert now == eta - RETURN_LEAD
 
 
@@ -113,7 +113,7 @@ def test_a_hide_is_whole_seconds_and_at_least_one() -> None:
     policy = ParkingPolicy(threshold=2, longest_hide=10)
 
     assert policy.hide_for(due(NOW + 2.2), NOW) == 1
-    assert POLICY.hide_for(due(NOW + 1000.9), NOW) == 980
+    assert POLICY.hide_for(due(NOW + 1000.9), NOW) == 990
 
 
 def test_a_task_expiring_before_its_eta_comes_back_just_after_it_expires() -> None:
@@ -125,7 +125,7 @@ def test_a_task_expiring_before_its_eta_comes_back_just_after_it_expires() -> No
 
 
 def test_an_expiry_after_the_eta_changes_nothing() -> None:
-    assert POLICY.hide_for(due(NOW + 3600, expires=NOW + 7200), NOW) == 3580
+    assert POLICY.hide_for(due(NOW + 3600, expires=NOW + 7200), NOW) == 3590
 
 
 def test_an_eta_in_the_past_after_a_long_park_is_delivered() -> None:
@@ -140,20 +140,26 @@ def test_a_first_receive_is_hidden_not_copied() -> None:
 
 def test_a_task_back_from_a_park_is_copied_at_most_15_minutes_ahead() -> None:
     assert POLICY.fresh_copy_delay(due(NOW + 86_400), 43_140, 2, NOW) == 900
-    assert POLICY.fresh_copy_delay(due(NOW + 1000), 980, 5, NOW) == 900
+    assert POLICY.fresh_copy_delay(due(NOW + 1000), 990, 5, NOW) == 900
     assert POLICY.fresh_copy_delay(due(NOW + 600), 580, 2, NOW) == 580
 
 
 def test_a_task_back_before_its_eta_is_delivered_as_a_copy_due_at_the_eta() -> None:
     # Within the threshold: no park, but a copy that SQS first shows at the ETA.
-    assert POLICY.fresh_copy_delay(due(NOW + 19.2), None, 2, NOW) == 20
+    assert POLICY.fresh_copy_delay(due(NOW + 9.2), None, 2, NOW) == 10
 
 
 @pytest.mark.parametrize(
     "back",
-    [due(None), due(NOW + 0.5), due(NOW - 10), due(NOW + 19, expires=NOW - 1)],
+    [due(None), due(NOW + 0.5), due(NOW - 10), due(NOW + 9, expires=NOW - 1)],
     ids=["no-eta", "due-now", "overdue", "expired"],
 )
 def test_a_task_back_and_due_or_expired_is_delivered_as_it_is(back: Due) -> None:
     assert POLICY.fresh_copy_delay(back, POLICY.hide_for(back, NOW), 3, NOW) is None
     assert POLICY.fresh_copy_delay(None, None, 3, NOW) is None
+
+
+def test_a_hide_that_may_wait_to_be_sent_is_reckoned_from_then() -> None:
+    assert POLICY.hide_for(due(NOW + 3600), NOW, sent_within=15) == 3575
+    # The decision is the receive's: an ETA just beyond the threshold is still parked.
+    assert POLICY.hide_for(due(NOW + 901), NOW, sent_within=15) == 876
