@@ -197,3 +197,20 @@ def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
     assert runs["other"]["start"] < eta
     assert eta <= runs["parked"]["start"] <= eta + LATENESS
     assert runs["then"]["start"] >= runs["parked"]["end"]
+
+
+def test_a_retry_with_a_countdown_is_parked_too(parking_bed: Bed) -> None:
+    bed = parking_bed
+    bed.create_queue(visibility_timeout=60)
+    with ExitStack() as stack:
+        process = start(stack, bed, "threads", 2, "a", options=OPTIONS)
+        process.wait_ready()
+        task = send_recorded(bed, "retries_later", "retried", 2 * HOLD)
+        runs = bed.wait_for_executions(2, timeout=2 * HOLD + 20)
+        bed.wait_for_executions(3, timeout=HOLD)
+        log = process.log
+    first, then = sorted(runs, key=lambda run: run["start"])
+    report("parking/retry", gap=round(then["start"] - first["start"], 2))
+    assert [r["name"] for r in bed.executions()] == ["retried-first", "retried"], log
+    assert 2 * HOLD <= then["start"] - first["start"] <= 2 * HOLD + LATENESS + 1
+    assert f"Parking task tests.integration.app.retries_later[{task.task_id}]" in log, log
