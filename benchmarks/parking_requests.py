@@ -24,8 +24,9 @@ brings a task and its delete at the ack are the same either way.
   (DeleteMessageBatch, ten a call), and the copy received and parked once more.
 
 **Memory** (``--rss``): a real ``celery worker`` (threads pool, ``-c 2``, prefetch
-multiplier 1) against the strict server; ``N`` tasks with a 6-hour countdown are
-published first. Once SQS shows them all in flight, and 60 s later (a couple of
+multiplier 0: no limit, or Celery takes in two ETA tasks a
+second) against the strict server; ``N`` tasks with a 6-hour countdown are
+published first. Once SQS shows them all in flight, and ``--settle`` (60) s later (a couple of
 renewal rounds), the worker's resident memory (``VmRSS``) is read, with parking on and
 off, and for an idle worker on an empty queue.
 
@@ -37,6 +38,7 @@ off, and for an idle worker on an empty queue.
 from __future__ import annotations
 
 import argparse
+import base64
 import heapq
 import json
 import math
@@ -234,7 +236,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds / DAY:g} days" if seconds >= DAY else f"{seconds / HOUR:g} h"
 
 
-def worker_rss(tasks: int, parking: bool | None, workdir: Path) -> tuple[int, float]:
+def worker_rss(
+    tasks: int, parking: bool | None, workdir: Path, settle: float
+) -> tuple[int, float]:
     """The worker's VmRSS in kB with ``tasks`` 6-hour countdowns received (None: idle)."""
     from celery import Celery
 
@@ -250,15 +254,7 @@ def worker_rss(tasks: int, parking: bool | None, workdir: Path) -> tuple[int, fl
             broker_transport="sqs",
             broker_transport_options={"region": "us-east-1", "is_secure": False},
         )
-        with producer.producer_or_acquire() as publisher:
-            for n in range(tasks if parking is not None else 0):
-                producer.send_task(
-                    "bench_app.noop",
-                    queue=queue,
-                    countdown=6 * HOUR,
-                    producer=publisher,
-                    task_id=f"rss-{n}",
-                )
+        publish(producer, sqs, url, queue, tasks if parking is not None else 0)
         producer.close()
         options = {"region": "us-east-1", "is_secure": False, "eta_parking": bool(parking)}
         env = {
@@ -267,7 +263,7 @@ def worker_rss(tasks: int, parking: bool | None, workdir: Path) -> tuple[int, fl
             "BENCH_TRANSPORT": "celery_sqs_heartbeat:Transport",
             "BENCH_TRANSPORT_OPTIONS": json.dumps(options),
             "BENCH_QUEUE": queue,
-            "BENCH_PREFETCH": "1",
+            "BENCH_PREFETCH": "0",
             "PYTHONPATH": str(REPO),
         }
         log = (workdir / f"rss-{parking}.log").open("w")
@@ -296,13 +292,51 @@ def worker_rss(tasks: int, parking: bool | None, workdir: Path) -> tuple[int, fl
             while _visible(sqs, url) > 0 and worker.poll() is None:
                 time.sleep(1)
             took = time.monotonic() - started
-            time.sleep(60)
+            time.sleep(settle)
             rss = _vm_rss(worker.pid)
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(120)
             log.close()
     return rss, took
+
+
+def publish(producer: Any, sqs: Any, url: str, queue: str, tasks: int) -> None:
+    """``tasks`` 6-hour countdowns, ten to a SendMessageBatch: one body as Celery sends it,
+    with its task id replaced in every copy (publishing them one by one takes minutes)."""
+    bodies: list[str] = []
+
+    def keep(params: dict[str, Any], **_: Any) -> None:
+        bodies.append(params["MessageBody"])
+        params["DelaySeconds"] = 900  # the template itself is not consumed
+
+    with producer.producer_or_acquire() as publisher:
+        events = publisher.channel.sqs().meta.events
+        events.register("provide-client-params.sqs.SendMessage", keep)
+        template_id = "rss-template-0000"
+        producer.send_task("bench_app.noop", queue=queue, countdown=6 * HOUR,
+                           producer=publisher, task_id=template_id)
+        events.unregister("provide-client-params.sqs.SendMessage", keep)
+    plain = _decoded(bodies[0])
+    for first in range(0, tasks, SQS_BATCH_SIZE):
+        entries = [
+            {"Id": str(n), "MessageBody": _encoded(plain.replace(template_id, f"rss-{n:012d}"),
+                                                   like=bodies[0])}
+            for n in range(first, min(tasks, first + SQS_BATCH_SIZE))
+        ]
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+
+
+def _decoded(body: str) -> str:
+    try:
+        json.loads(body)
+        return body
+    except ValueError:
+        return base64.b64decode(body).decode()
+
+
+def _encoded(text: str, like: str) -> str:
+    return text if _decoded(like) == like else base64.b64encode(text.encode()).decode()
 
 
 def boto3_client(server: Any) -> Any:
@@ -325,10 +359,10 @@ def _vm_rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def rss_table(tasks: int) -> str:
+def rss_table(tasks: int, settle: float) -> str:
     with tempfile.TemporaryDirectory() as workdir:
         rows = [
-            (name, *worker_rss(tasks, parking, Path(workdir)))
+            (name, *worker_rss(tasks, parking, Path(workdir), settle))
             for name, parking in (("idle, empty queue", None), ("held", False), ("parked", True))
         ]
     lines = [
@@ -347,9 +381,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--smoke", action="store_true", help="100 tasks, 1 h and 13 h")
     parser.add_argument("--rss", action="store_true", help="a real worker's memory instead")
+    parser.add_argument("--settle", type=float, default=60.0, help="--rss: seconds before VmRSS")
     args = parser.parse_args()
     if args.rss:
-        print(rss_table(args.tasks))
+        print(rss_table(args.tasks, args.settle))
         print(f"\nCommand: `python benchmarks/parking_requests.py {' '.join(sys.argv[1:])}`")
         return
     waits = [HOUR, 13 * HOUR] if args.smoke else [HOUR, 6 * HOUR, 3 * DAY]

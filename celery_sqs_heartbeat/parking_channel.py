@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from queue import Empty
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -51,6 +52,29 @@ class ParkingChannel(ReceivingChannel):
         super().__init__(*args, **kwargs)
         #: Whether each queue has a redrive policy, by URL, read at its first copy.
         self._redrive: dict[str, bool] = {}
+        #: Messages the receive being handled parked: it brought messages all the same.
+        self._parked_by_receive = 0
+
+    def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
+        """kombu polls again at once after a receive that brought messages, else only
+        ``polling_interval`` later: parked messages count, or a burst of countdown tasks
+        would be parked ten a second."""
+        parked, self._parked_by_receive = self._parked_by_receive, 0
+        return super()._on_messages_ready(queue, qname, messages) or parked
+
+    def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """The blocking receive (gevent, eventlet): one that only parked receives again.
+
+        kombu raises Empty when a receive delivers nothing, and its transport then waits
+        ``polling_interval``: the same ten a second for a burst of countdown tasks.
+        """
+        while True:
+            self._parked_by_receive = 0
+            try:
+                return super()._get_bulk(queue, *args, **kwargs)
+            except Empty:
+                if not self._parked_by_receive:
+                    raise
 
     def _unparked(self, received: list[dict[str, Any]], queue: SQSQueue) -> list[dict[str, Any]]:
         """The received messages to deliver; the others are parked until near their ETA."""
@@ -95,6 +119,7 @@ class ParkingChannel(ReceivingChannel):
                 "" if copy is None else f" as a fresh copy (receive {count})",
                 (due.eta or now) - now,
             )
+        self._parked_by_receive = len(parked) + len(copies)
         if parked:
             self.manager.release(parked, "parked", wait)
         if copies:
