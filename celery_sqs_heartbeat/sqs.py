@@ -8,6 +8,7 @@ foresaw (a bug, an answer botocore cannot parse) and counts it as a failed call.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,6 +63,10 @@ RECEIVE_CLIENT_CONFIG = Config(
     connect_timeout=5, read_timeout=SQS_MAX_WAIT_SECONDS + 5, retries={"total_max_attempts": 1}
 )
 
+#: Calls start on threads of their own, tens at once after a burst of parks or acks: one
+#: derived client per source, not one per thread that found none yet (each loads the
+#: service model, several MB; 50 at once added up to 100 MB to the worker).
+_derived_lock = threading.Lock()
 _renewal_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 _receive_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 
@@ -87,18 +92,23 @@ def _derived_client(
     credentials that refresh themselves (instance roles, SSO) keep refreshing here too.
     botocore has no public way to share credentials between clients, hence the signer.
     """
-    derived = made.get(source)
-    if derived is None:
-        derived = botocore.session.Session().create_client(
-            "sqs",
-            region_name=source.meta.region_name,
-            endpoint_url=source.meta.endpoint_url,
-            config=source.meta.config.merge(config),
-            aws_access_key_id="replaced-below",
-            aws_secret_access_key="replaced-below",
-        )
-        derived._request_signer._credentials = source._request_signer._credentials
-        made[source] = derived
+    with _derived_lock:
+        return made.get(source) or _derive(source, config, made)
+
+
+def _derive(
+    source: BaseClient, config: Config, made: weakref.WeakKeyDictionary[BaseClient, BaseClient]
+) -> BaseClient:
+    derived = botocore.session.Session().create_client(
+        "sqs",
+        region_name=source.meta.region_name,
+        endpoint_url=source.meta.endpoint_url,
+        config=source.meta.config.merge(config),
+        aws_access_key_id="replaced-below",
+        aws_secret_access_key="replaced-below",
+    )
+    derived._request_signer._credentials = source._request_signer._credentials
+    made[source] = derived
     return derived
 
 
