@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.utils.log import get_logger
 
-from .leases import MARGIN_CEILING
+from .leases import MARGIN_CEILING, LeasePolicy
 from .sqs_facts import SQS_MAX_HOLD_SECONDS
 
 logger = get_logger(__name__)
@@ -38,6 +38,13 @@ MAX_ACK_BATCH_INTERVAL = 10.0
 #: the port is the opt-in, and the page holds counts and error codes, never task data.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"
 
+#: Seconds to an ETA beyond which a received task is parked in SQS instead of held
+#: (:mod:`celery_sqs_heartbeat.parking`). Holding 15 minutes costs about 35 renewal
+#: entries per task at the default 30 s lease, a park and its return about two entries'
+#: worth of calls (docs/benchmarks.md, "Parking"); under it Celery's own timer keeps
+#: the task, which leaves short countdowns exactly as they were before parking came.
+DEFAULT_ETA_PARKING_THRESHOLD = 900.0
+
 #: The options this package adds beside kombu's own SQS options.
 OPTION_NAMES = (
     "visibility_timeout",
@@ -57,6 +64,8 @@ OPTION_NAMES = (
     "large_payload_prefix",
     "large_payload_threshold",
     "large_payload_keep_objects",
+    "eta_parking",
+    "eta_parking_threshold",
 )
 
 
@@ -88,6 +97,10 @@ class HeartbeatOptions:
     #: own synchronous DeleteMessage per ack, on the worker's event loop.
     ack_batching: bool = True
     ack_batch_interval: float = DEFAULT_ACK_BATCH_INTERVAL
+    #: Tasks whose ETA is further away than ``eta_parking_threshold`` wait hidden in
+    #: SQS, not in the worker; False: every ETA task is held until due, as by Celery.
+    eta_parking: bool = True
+    eta_parking_threshold: float = DEFAULT_ETA_PARKING_THRESHOLD
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
@@ -112,6 +125,8 @@ class HeartbeatOptions:
             metrics_address=_metrics_address(options),
             ack_batching=_boolean(options, "ack_batching", True),
             ack_batch_interval=_ack_batch_interval(options, visibility_timeout, extension),
+            eta_parking=_boolean(options, "eta_parking", True),
+            eta_parking_threshold=_parking_threshold(options, visibility_timeout, None),
         )
         if not extension:
             return base
@@ -128,6 +143,7 @@ class HeartbeatOptions:
             visibility_extension_threshold=threshold,
             visibility_extension_interval=interval,
             visibility_extension_max=maximum,
+            eta_parking_threshold=_parking_threshold(options, visibility_timeout, maximum),
         )
 
     def release_delay_for(self, receive_count: int) -> int:
@@ -298,6 +314,19 @@ def _extension_max(options: Mapping[str, Any], visibility_timeout: int) -> float
             f"visibility_timeout ({visibility_timeout}) to {SQS_MAX_HOLD_SECONDS} seconds"
         )
     return maximum
+
+
+def _parking_threshold(
+    options: Mapping[str, Any], visibility_timeout: int, maximum: float | None
+) -> float:
+    """At most the hold limit: a task delivered within the threshold is held until due."""
+    limit = LeasePolicy(visibility_timeout, max_hold=maximum).hold_limit
+    allowed = f"from 2 to {limit:g} (the hold limit: visibility_extension_max or 12 h less 60 s)"
+    default = min(DEFAULT_ETA_PARKING_THRESHOLD, limit)
+    threshold = _seconds(options, "eta_parking_threshold", default, allowed)
+    if not 2 <= threshold <= limit:
+        raise InvalidTransportOption(f"eta_parking_threshold={threshold!r}: must be {allowed}")
+    return threshold
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:

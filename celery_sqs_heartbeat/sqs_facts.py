@@ -19,6 +19,7 @@ __all__ = [
     "QUEUE_MISSING_CODES",
     "RECEIVE_COUNT_ATTRIBUTE",
     "SQS_BATCH_SIZE",
+    "SQS_MAX_DELAY_SECONDS",
     "SQS_MAX_HOLD_SECONDS",
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
@@ -45,6 +46,10 @@ SQS_MAX_HOLD_SECONDS = 43_200
 
 #: The message attribute in which SQS counts the receives of a message, this one included.
 RECEIVE_COUNT_ATTRIBUTE = "ApproximateReceiveCount"
+
+#: The longest a message sent to a standard queue may wait before it is first visible
+#: (``DelaySeconds``); FIFO queues take no per-message delay at all.
+SQS_MAX_DELAY_SECONDS = 900
 
 #: Messages a standard queue may have in flight (received, neither deleted nor visible
 #: again); past it ReceiveMessage answers ``OverLimit``. One worker may hold them all, so

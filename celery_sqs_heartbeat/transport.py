@@ -20,9 +20,11 @@ A lease from receive to confirmed delete, one step a function:
    ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
 
 The receive loop itself, its backoff and its waking on freed prefetch room, is
-:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`, which this channel extends
-through :class:`~celery_sqs_heartbeat.payload_channel.PayloadChannel` (bodies too large
-for SQS, through S3).
+:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`; before step 1,
+:class:`~celery_sqs_heartbeat.parking_channel.ParkingChannel` hides tasks whose ETA is
+far away again, and they never become leases; after it,
+:class:`~celery_sqs_heartbeat.payload_channel.PayloadChannel` reads bodies too large
+for SQS from S3. This channel extends both.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .lease_table import LeaseTable
 from .leases import Lease, LeasePolicy
 from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
+from .parking_channel import ParkingChannel
 from .payload_channel import PayloadChannel, ReadingQoS
 from .payload_options import LargePayloadOptions
 from .payload_store import PayloadStore
@@ -104,7 +107,7 @@ class QoS(ReadingQoS):
         return []
 
 
-class Channel(ForgetsDeletedQueueUrls, PayloadChannel):
+class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
@@ -203,7 +206,7 @@ class Channel(ForgetsDeletedQueueUrls, PayloadChannel):
         """
         now = self.manager.clock()
         to_deliver: list[dict[str, Any]] = []
-        for sqs_message in received:
+        for sqs_message in self._unparked(received, self._lease_queue(queue_url, queue_name)):
             handle = sqs_message.get("ReceiptHandle")
             if not handle:
                 to_deliver.append(sqs_message)

@@ -114,6 +114,17 @@ def requeued_once(self, label: str) -> str:
     return label
 
 
+@app.task(bind=True)
+def retries_later(self, label: str, countdown: float) -> str:
+    """Fails once and retries with a countdown: the retry is a new message with an ETA."""
+    started = time.time()
+    if not self.request.retries:
+        _record(self.request.id, f"{label}-first", started, "retry")
+        raise self.retry(countdown=countdown)
+    _record(self.request.id, label, started, "ok")
+    return label
+
+
 @signals.worker_ready.connect
 def _lose_the_connection_later(sender: Any, **_: Any) -> None:
     """With IT_DROP_CONNECTION_AFTER, break the consumer's connection once, as a network would.

@@ -415,3 +415,41 @@ def test_an_option_set_to_nothing_takes_its_default_as_in_kombu(unset: Any) -> N
     options = parse(**dict.fromkeys(OPTION_NAMES, unset))
 
     assert options == parse()
+
+
+def test_eta_parking_is_on_with_a_15_minute_threshold_by_default() -> None:
+    options = parse()
+
+    assert options.eta_parking is True
+    assert options.eta_parking_threshold == 900
+
+
+def test_the_parking_threshold_defaults_to_a_lower_hold_limit() -> None:
+    assert parse(visibility_extension_max=600).eta_parking_threshold == 600
+
+
+@pytest.mark.parametrize(
+    ("given", "expected_in_message"),
+    [
+        ({"eta_parking": "yes"}, ["eta_parking='yes'", "True or False"]),
+        ({"eta_parking_threshold": 1}, ["eta_parking_threshold=1", "from 2 to 43140"]),
+        ({"eta_parking_threshold": 43141}, ["eta_parking_threshold=43141", "from 2 to 43140"]),
+        ({"eta_parking_threshold": "soon"}, ["eta_parking_threshold='soon'", "from 2 to 43140"]),
+        (
+            {"visibility_extension_max": 600, "eta_parking_threshold": 601},
+            ["eta_parking_threshold=601", "from 2 to 600"],
+        ),
+    ],
+)
+def test_a_bad_parking_option_is_refused_naming_it_and_the_range(
+    given: dict[str, Any], expected_in_message: list[str]
+) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(**given)
+    for text in expected_in_message:
+        assert text in str(raised.value)
+
+
+@pytest.mark.parametrize("threshold", [2, "3600", 43140])
+def test_parking_threshold_bounds_are_inclusive_and_text_is_read(threshold: Any) -> None:
+    assert parse(eta_parking_threshold=threshold).eta_parking_threshold == float(threshold)
