@@ -160,16 +160,21 @@ def test_warm_shutdown_finishes_running_task_and_hands_over_the_rest(bed: Bed) -
 
 
 def test_throttled_renewals_are_retried_quietly_and_lost_leases_reported(bed: Bed) -> None:
+    # A lease of 3 s is renewed 1.5 s before it runs out: room for one retry at the next
+    # check, not for two. One of 10 s is renewed 5 s before, room for the two throttles
+    # and the success after them.
+    lease = 10
     bed.server.inject_fault("ChangeMessageVisibilityBatch", "throttle", count=2)
-    kept = bed.send("busy", "kept", 3 * LEASE)
-    with worker(bed, "threads", 1, options={"visibility_timeout": LEASE}) as process:
-        bed.wait_for_executions(1, timeout=30)
+    kept = bed.send("busy", "kept", 1.5 * lease)
+    with worker(bed, "threads", 1, options={"visibility_timeout": lease}) as process:
+        bed.wait_for_executions(1, timeout=40)
         bed.server.inject_fault("ChangeMessageVisibilityBatch", "server_error", count=1000)
-        lost = bed.send("busy", "lost", 3 * LEASE)
-        bed.wait_for_executions(2, timeout=30)
+        lost = bed.send("busy", "lost", 1.5 * lease)
+        bed.wait_for_executions(2, timeout=40)
         log = process.log
     bed.server.clear_faults()
-    assert bed.runs_per_task()[kept] == 1
+    assert f"lease of task tests.integration.app.busy[{kept}]" not in log, log
+    assert bed.runs_per_task()[kept] == 1, log
     # One warning per failing streak: the throttles, then the server errors.
     assert log.count("failed, retrying while the leases hold") == 2, log
     assert f"Lost the SQS lease of task tests.integration.app.busy[{lost}]" in log
