@@ -156,25 +156,26 @@ class VisibilityExtensionManager:
     def delete(self, lease: Lease, wait: float) -> None:
         """The message is acked: delete it, renewing it until the delete goes out.
 
-        The delete waits up to ``wait`` seconds for company in its batch call, longer
-        while a renewal of its lease is on the wire or no call slot is free. The lease
-        ends when SQS confirms the delete, so a delete that fails for a while leaves the
-        message hidden, not handed to another worker.
+        The delete waits up to ``wait`` seconds for company in its batch call, longer while
+        a renewal of its lease is on the wire or no call slot is free. The lease ends when
+        SQS confirms the delete: one failing for a while leaves the message hidden.
         """
         self._send_later([Outgoing(lease, Request.DELETE)], wait)
 
     def redirect_delete(self, lease: Lease) -> bool:
         """If ``lease`` is a new receive of a message acked here, delete it by this receipt.
 
-        True if a delete of that message was pending: the message must not run again.
+        True if its delete was pending or just confirmed: the message must not run again.
         """
         with self._lock:
-            replaced = self._outbox.redirect_delete(lease)
+            replaced = self._outbox.redirect_delete(lease, self.clock())
             if replaced is None:
                 return False
             self._book.end(replaced)
             lease.task_id, lease.task_name = replaced.task_id, replaced.task_name
             self._report.leases_held(len(self._book))
+            self._wake_if_due_sooner()
+        self._ensure_thread()
         return True
 
     def release(self, leases: Iterable[tuple[Lease, int]], reason: str, wait: float = 0) -> None:
@@ -198,10 +199,14 @@ class VisibilityExtensionManager:
             for item in items:
                 self._outbox.add(item, now + wait)
             self._report.deletes_pending(self._outbox.deletes_waiting())
-            next_due = self._outbox.next_due()
-            if next_due is not None and next_due < self._loop.sleeping_until:
-                self._changed.notify_all()
+            self._wake_if_due_sooner()
         self._ensure_thread()
+
+    def _wake_if_due_sooner(self) -> None:
+        """Under the lock: wake the thread if the outbox is due before it would wake."""
+        next_due = self._outbox.next_due()
+        if next_due is not None and next_due < self._loop.sleeping_until:
+            self._changed.notify_all()
 
     def flush(self, timeout: float) -> int:
         """Send every pending delete and release now; wait for SQS's answers.

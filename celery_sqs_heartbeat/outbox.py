@@ -18,6 +18,7 @@ manager holds its lock around every call and makes the SQS calls outside it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,6 +30,14 @@ __all__ = ["Outbox", "OutboxBatch", "OutboxSettlement", "Outgoing", "Request"]
 
 #: Seconds before its lease runs out by which an entry goes out, whatever its batch wait.
 EXPIRY_MARGIN = 1.0
+
+#: Seconds a confirmed delete is remembered by message id. SQS answers a delete by an
+#: older receipt handle with success and deletes nothing: that happens when the lease ran
+#: out and a receive took the message again before the delete landed. If that receive
+#: was this worker's, its answer may reach the channel after the delete's (a long poll
+#: answers at once with a message, then waits for the event loop), and the task must not
+#: run again. A minute covers a long poll (20 s at most) and a slow loop many times over.
+DELETED_MEMORY = 60.0
 
 
 class Request(Enum):
@@ -88,6 +97,8 @@ class Outbox:
         self._in_flight = 0
         #: Deletes waiting or on the wire, by SQS message id.
         self._deletes: dict[str, Outgoing] = {}
+        #: Deletes SQS confirmed in the last :data:`DELETED_MEMORY` seconds, oldest first.
+        self._deleted: OrderedDict[str, tuple[Lease, float]] = OrderedDict()
 
     def __len__(self) -> int:
         """Entries waiting or on the wire."""
@@ -113,19 +124,26 @@ class Outbox:
             self._deletes[item.lease.message_id] = item
         self._waiting.setdefault((item.lease.queue, item.request), []).append(item)
 
-    def redirect_delete(self, lease: Lease) -> Lease | None:
-        """Delete ``lease``, a new receive of a message whose delete is pending, instead.
+    def redirect_delete(self, lease: Lease, now: float) -> Lease | None:
+        """Delete ``lease``, a new receive of a message deleted here, instead.
 
         SQS hands a message out again when its lease ran out before the delete landed;
-        a delete by the older receipt handle would then succeed without deleting it. So
-        the pending delete moves to the new receipt, and the task is not run again.
-        Returns the lease it replaces, or None if no delete of that message is pending.
+        a delete by the older receipt handle then succeeds without deleting it. So a
+        pending delete moves to the new receipt, and a delete confirmed in the last
+        :data:`DELETED_MEMORY` seconds is sent again by it; either way the task is not
+        run again. Returns the lease the delete was for, or None if it was for none.
         """
-        item = self._deletes.get(lease.message_id or "")
-        if item is None or item.lease.queue != lease.queue:
+        message_id = lease.message_id or ""
+        item = self._deletes.get(message_id)
+        if item is not None and item.lease.queue == lease.queue:
+            replaced, item.lease = item.lease, lease
+            return replaced
+        deleted, confirmed_at = self._deleted.get(message_id, (None, -DELETED_MEMORY))
+        if deleted is None or deleted.queue != lease.queue or confirmed_at <= now - DELETED_MEMORY:
             return None
-        replaced, item.lease = item.lease, lease
-        return replaced
+        del self._deleted[message_id]
+        self.add(Outgoing(lease, Request.DELETE), now)
+        return deleted
 
     def next_due(self, flushing: bool = False) -> float | None:
         """When the next call is owed, if anything waits; a full batch is owed now.
@@ -212,11 +230,21 @@ class Outbox:
             self._forget(item)
             if outcome is EntryResult.OK:
                 settlement.done.append(item)
+                self._remember_deleted(item, now)
             elif outcome is EntryResult.LOST:
                 settlement.lost.append((item, reason))
             else:
                 settlement.abandoned.append((item, reason))
         return settlement
+
+    def _remember_deleted(self, item: Outgoing, now: float) -> None:
+        while self._deleted:
+            message_id, (_, confirmed_at) = next(iter(self._deleted.items()))
+            if confirmed_at > now - DELETED_MEMORY:
+                break
+            del self._deleted[message_id]
+        if item.request is Request.DELETE and item.lease.message_id:
+            self._deleted[item.lease.message_id] = (item.lease, now)
 
     def _forget(self, item: Outgoing) -> None:
         message_id = item.lease.message_id

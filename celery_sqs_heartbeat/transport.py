@@ -201,8 +201,8 @@ class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
         lease) and SQS gave it out again, maybe to this very worker. Then the task in
         progress keeps running here, on the new lease. Opting out of renewals opts out
         of this too: kombu's own behaviour, redeliveries and all. A message acked here
-        whose delete has not landed yet is not run again either: the delete is sent by
-        the new receipt.
+        whose delete has not landed, or landed by an older receipt and so deleted nothing
+        (within the last minute), is not run again either: it is deleted by the new one.
         """
         now = self.manager.clock()
         to_deliver: list[dict[str, Any]] = []
@@ -239,8 +239,9 @@ class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
                 return False
         if self.manager.redirect_delete(lease):
             logger.warning(
-                "SQS delivered message %s again after this worker acked it and before "
-                "its delete landed (%s); it is deleted by the new receipt, not run again",
+                "SQS delivered message %s again after this worker acked it, before its "
+                "delete by the older receipt took effect (%s); it is deleted by the new "
+                "receipt, not run again",
                 lease.message_id,
                 lease.describe(),
             )

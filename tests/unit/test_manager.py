@@ -601,6 +601,27 @@ def test_a_message_received_again_before_its_delete_landed_is_deleted_by_the_new
     assert len(manager) == 0
 
 
+def test_a_message_received_again_just_after_its_delete_landed_is_deleted_again(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    """SQS confirmed a delete by the old receipt, which deleted nothing (the message was
+    received again meanwhile), and that receive reached the channel after the answer."""
+    acked = tracked(manager, queue, task_id="t-1", task_name="tasks.crunch")
+    acked.message_id = "m-1"
+    manager.delete(acked, wait=0)
+    manager.check()
+    assert queue.deletes == [[acked]]
+    again = tracked(manager, queue, receipt_handle="rh-again")
+    again.message_id = "m-1"
+
+    assert manager.redirect_delete(again) is True
+
+    assert (again.task_id, again.task_name) == ("t-1", "tasks.crunch")
+    manager.check()
+    assert queue.deletes == [[acked], [again]]
+    assert len(manager) == 0
+
+
 def test_a_message_never_acked_here_is_not_redirected(
     manager: VisibilityExtensionManager, queue: FakeQueue
 ) -> None:

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from celery_sqs_heartbeat.leases import EntryResult, Lease
-from celery_sqs_heartbeat.outbox import EXPIRY_MARGIN, Outbox, OutboxBatch, Outgoing, Request
+from celery_sqs_heartbeat.outbox import (
+    DELETED_MEMORY,
+    EXPIRY_MARGIN,
+    Outbox,
+    OutboxBatch,
+    Outgoing,
+    Request,
+)
 
 from .conftest import make_lease
 
@@ -208,7 +215,7 @@ def test_a_new_receive_of_a_message_being_deleted_takes_over_its_delete() -> Non
     outbox = filled([item], due_at=0.5)
     newer = received_again(item, "rh-newer", received_at=0.2)
 
-    replaced = outbox.redirect_delete(newer)
+    replaced = outbox.redirect_delete(newer, 0.2)
 
     assert replaced is not None and replaced.receipt_handle == "rh-t0"
     (batch,) = outbox.due_batches(0.5)
@@ -222,7 +229,7 @@ def test_a_redirect_while_the_delete_is_on_the_wire_sends_it_again_by_the_new_re
     outbox = filled([item], due_at=0)
     (batch,) = outbox.due_batches(0)
     newer = received_again(item, "rh-newer", received_at=0.1)
-    outbox.redirect_delete(newer)
+    outbox.redirect_delete(newer, 0.2)
 
     # SQS answered for the old receipt: a stale delete that did not delete.
     settlement = outbox.settle(batch, {old: (EntryResult.OK, "")}, 0.2)
@@ -232,17 +239,53 @@ def test_a_redirect_while_the_delete_is_on_the_wire_sends_it_again_by_the_new_re
     assert [i.lease for i in again.entries] == [newer]
 
 
-def test_no_redirect_once_the_delete_was_confirmed_or_for_another_queue() -> None:
-    confirmed, other = deletes("q", 2)
-    confirmed.lease.message_id, other.lease.message_id = "m-1", "m-2"
-    outbox = filled([confirmed, other], due_at=0)
+def test_a_receive_just_after_a_confirmed_delete_is_deleted_again_by_its_receipt() -> None:
+    """The delete went by an older receipt (SQS: success, nothing deleted), and this
+    worker's receive of the message came back after the delete's answer."""
+    (confirmed,) = deletes("q", 1)
+    confirmed.lease.message_id = "m-1"
+    outbox = filled([confirmed], due_at=0)
     (batch,) = outbox.due_batches(0)
     outbox.settle(batch, answer(batch, EntryResult.OK), 0.1)
+    newer = received_again(confirmed, "rh-newer", 0.2)
 
-    assert outbox.redirect_delete(received_again(confirmed, "rh-x", 0.2)) is None
+    replaced = outbox.redirect_delete(newer, 0.3)
+
+    assert replaced is confirmed.lease
+    (again,) = outbox.due_batches(0.3)
+    assert [i.lease for i in again.entries] == [newer]
+
+
+def test_a_confirmed_delete_is_forgotten_after_a_minute() -> None:
+    first, second = deletes("q", 2)
+    first.lease.message_id, second.lease.message_id = "m-1", "m-2"
+    outbox = filled([first], due_at=0)
+    (batch,) = outbox.due_batches(0)
+    outbox.settle(batch, answer(batch, EntryResult.OK), 0.0)
+    outbox.add(second, 1.0)
+    (batch,) = outbox.due_batches(1.0)
+    outbox.settle(batch, answer(batch, EntryResult.OK), 1.0)
+
+    later = DELETED_MEMORY + 0.5
+    assert outbox.redirect_delete(received_again(first, "rh-x", later), later) is None
+    assert outbox.redirect_delete(received_again(second, "rh-y", later), later) is second.lease
+
+
+def test_no_redirect_for_a_failed_delete_another_queue_or_a_message_never_deleted() -> None:
+    lost, other = deletes("q", 2)
+    lost.lease.message_id, other.lease.message_id = "m-1", "m-2"
+    outbox = filled([lost, other], due_at=0)
+    (batch,) = outbox.due_batches(0)
+    answers = {lost.lease: (EntryResult.LOST, "gone"), other.lease: (EntryResult.OK, "")}
+    outbox.settle(batch, answers, 0.1)
+
+    assert outbox.redirect_delete(received_again(lost, "rh-x", 0.2), 0.2) is None
     elsewhere = make_lease("another-queue", receipt_handle="rh-y")
     elsewhere.message_id = "m-2"
-    assert outbox.redirect_delete(elsewhere) is None
+    assert outbox.redirect_delete(elsewhere, 0.2) is None
+    stranger = make_lease("q", receipt_handle="rh-z")
+    stranger.message_id = "m-3"
+    assert outbox.redirect_delete(stranger, 0.2) is None
 
 
 def test_an_entry_never_waits_past_its_lease() -> None:
