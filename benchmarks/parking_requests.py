@@ -238,8 +238,10 @@ def _duration(seconds: float) -> str:
 
 def worker_rss(
     tasks: int, parking: bool | None, workdir: Path, settle: float
-) -> tuple[int, float]:
-    """The worker's VmRSS in kB with ``tasks`` 6-hour countdowns received (None: idle)."""
+) -> tuple[int, float, int]:
+    """The worker's VmRSS in kB with ``tasks`` 6-hour countdowns received (None: idle),
+    how long receiving them took, and how many leases the worker lost meanwhile (a held
+    worker whose renewals fall behind is not holding what it was asked to)."""
     from celery import Celery
 
     from celery_sqs_heartbeat.testing import StrictSQSServer
@@ -298,7 +300,8 @@ def worker_rss(
             worker.send_signal(signal.SIGTERM)
             worker.wait(120)
             log.close()
-    return rss, took
+    lost = (workdir / f"rss-{parking}.log").read_text().count("Lost the SQS lease")
+    return rss, took, lost
 
 
 def publish(producer: Any, sqs: Any, url: str, queue: str, tasks: int) -> None:
@@ -368,10 +371,12 @@ def rss_table(tasks: int, settle: float) -> str:
     lines = [
         f"Worker (threads, -c 2) with {tasks:,} tasks of a 6 h countdown received.",
         "",
-        "| worker | VmRSS (MB) | all received after |",
-        "|---|---|---|",
+        "| worker | VmRSS (MB) | all received after | leases lost |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {name} | {rss / 1024:.1f} | {took:.0f} s |" for name, rss, took in rows]
+    lines += [
+        f"| {name} | {rss / 1024:.1f} | {took:.0f} s | {lost} |" for name, rss, took, lost in rows
+    ]
     return "\n".join(lines)
 
 

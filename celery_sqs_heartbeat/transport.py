@@ -239,9 +239,8 @@ class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
                 return False
         if self.manager.redirect_delete(lease):
             logger.warning(
-                "SQS delivered message %s again after this worker acked it, before its "
-                "delete by the older receipt took effect (%s); it is deleted by the new "
-                "receipt, not run again",
+                "SQS delivered message %s again after this worker acked it (%s); it is "
+                "deleted by the new receipt, not run again",
                 lease.message_id,
                 lease.describe(),
             )
