@@ -190,7 +190,8 @@ def broker(name: str, redis_url: str) -> Iterator[dict[str, object]]:
 def pytest_command(args: argparse.Namespace, suite: Path) -> list[str]:
     modules = ["t/integration"] if args.all_modules else [f"t/integration/{m}" for m in MODULES]
     command = [sys.executable, "-m", "pytest", *modules, "-p", "tests.celery_suite.plugin"]
-    command += ["-p", "no:cacheprovider", "--timeout", "120", "-rfE"]
+    # -rR: the tests that passed only when rerun are named in the summary.
+    command += ["-p", "no:cacheprovider", "--timeout", "120", "-rfER"]
     if args.broker != "redis" and not args.no_deselect:
         for node in read_deselected(DESELECTED_FILE):
             command += ["--deselect", node]
