@@ -152,6 +152,8 @@ class Lease:
     expires_at: float = field(init=False)
     renewals: int = 0
     renewing: bool = False
+    #: Its delete is on the wire: a renewal SQS refuses meanwhile is the delete's doing.
+    deleting: bool = False
     ended: bool = False
     #: Reported lost (WARNING and ``lease_lost``): never reported twice.
     lost: bool = False
@@ -326,14 +328,12 @@ class LeaseBook:
         return release
 
     def suspend(self, lease: Lease) -> None:
-        """Stop renewing ``lease`` while its delete is on the wire: no renewal crosses it.
-
-        :meth:`resume` takes it back if the delete failed, :meth:`end` once it is settled.
-        """
-        self._discard(lease)
+        """Its delete is on the wire: still renewed, so that a slow delete cannot outlast it."""
+        lease.deleting = True
 
     def resume(self, lease: Lease) -> None:
         """Renew ``lease`` again after its delete failed; due at once if it is overdue."""
+        lease.deleting = False
         queue = self._by_queue.get((lease.queue, lease.policy))
         if not lease.ended and (queue is None or id(lease) not in queue.leases):
             self.add(lease)
@@ -516,8 +516,9 @@ class LeaseBook:
                     settlement.capped.append(lease)
                     continue
             elif outcome is EntryResult.LOST:
-                self._discard(lease)
-                settlement.lost.append((lease, reason))
+                self._discard(lease)  # while deleting: the delete landed first, no loss
+                if not lease.deleting:
+                    settlement.lost.append((lease, reason))
                 continue
             elif now >= lease.expires_at:
                 self._discard(lease)

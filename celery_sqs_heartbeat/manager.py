@@ -315,8 +315,8 @@ class VisibilityExtensionManager:
     def _start_sends(self) -> bool:
         """Start the outbox's due calls while slots are free; whether any were left.
 
-        A lease whose delete goes out leaves the book until SQS answers, so that no
-        renewal crosses the delete on the wire.
+        A lease whose delete goes out is still renewed until SQS answers: a slow delete
+        must not outlast it.
         """
         with self._lock:
             room = self._sends.free

@@ -477,16 +477,31 @@ def test_end_of_an_idle_lease_with_a_delay_returns_its_release() -> None:
     assert book.due_batches(20) == []
 
 
-def test_a_suspended_lease_is_not_renewed_until_resumed_and_then_at_once() -> None:
+def test_a_lease_whose_delete_is_on_the_wire_is_still_renewed() -> None:
+    """A slow delete must not outlast the lease: SQS would hand the task to another worker."""
     deleting = make_lease("q", task_id="deleting")
     running = make_lease("q", task_id="running")
     book = book_of(deleting, running)
 
     book.suspend(deleting)
 
-    assert leases_of(book.due_batches(20)) == [running]
-    book.resume(deleting)  # its delete failed: it is overdue, so due now
-    assert leases_of(book.due_batches(25)) == [deleting]
+    assert leases_of(book.due_batches(20)) == [deleting, running]
+
+
+def test_a_renewal_refused_while_the_delete_is_on_the_wire_is_not_a_loss() -> None:
+    """The delete landed first; if it then fails, the lease is renewed again at once."""
+    deleting = make_lease("q", task_id="deleting")
+    lost = make_lease("q", task_id="lost")
+    book = book_of(deleting, lost)
+    book.suspend(deleting)
+    (batch,) = book.due_batches(20)
+
+    settlement = book.settle(batch, answer(batch, EntryResult.LOST, "ReceiptHandleIsInvalid"), 21)
+
+    assert [lease for lease, _ in settlement.lost] == [lost]
+    assert list(book) == []
+    book.resume(deleting)  # its delete failed
+    assert leases_of(book.due_batches(22)) == [deleting]
 
 
 def test_resume_takes_back_neither_an_ended_lease_nor_a_held_one_twice() -> None:
