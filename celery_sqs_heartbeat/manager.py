@@ -15,11 +15,11 @@ update the book or the outbox. A check takes the lock for a few calls' worth of 
 leases at a time (:data:`BATCHES_PER_HOLD`), so even a burst of thousands coming due
 keeps every ack's wait for the lock around a millisecond.
 
-Two calls about one message never cross on the wire, so the last word is always the
-one meant: a delete or release waits while its lease's renewal is out, and a lease is
-not renewed while its delete is out. An acked message's lease ends when SQS confirms the
-delete; a delete that fails puts the lease back in the book, so a finished task is never
-handed to another worker because its delete failed for a while.
+A delete or release waits while its lease's renewal is out, so the last word is always
+the one meant. A lease is still renewed while its delete is out, so that a delete SQS
+applies late cannot outlast it; a renewal refused because the delete landed first is
+not a loss. An acked message's lease ends when SQS confirms the delete, so a finished
+task is never handed to another worker because its delete was slow or failed for a while.
 """
 
 from __future__ import annotations
