@@ -349,18 +349,19 @@ def renewed_messages(server: StrictSQSServer, queue: str) -> list[list[Event]]:
 
 
 def renewed_message(server: StrictSQSServer, queue: str) -> list[Event]:
-    """The events of the long task's message: renewed, and never released.
+    """The events of the long task's message: renewed most, and never released.
 
     The failing task's message may be renewed too, when its receive falls just before a
     renewal of the long task's and joins that batch; but it is released after each run.
+    A short task's may be renewed once while its delete is on the wire.
     """
     renewed = [
         events
         for events in renewed_messages(server, queue)
         if not any(e["action"] == "change_visibility" and e["visibility"] == 0 for e in events)
     ]
-    assert len(renewed) == 1, renewed
-    return renewed[0]
+    assert renewed, renewed
+    return max(renewed, key=lambda events: [e["action"] for e in events].count("change_visibility"))
 
 
 def long_task_deleted(server: StrictSQSServer, queue: str) -> bool:
