@@ -56,6 +56,7 @@ class ReceivingChannel(SQSChannel):
             self._room_worth_a_receive,
             lambda: self._patience,
         )
+        self._receiving_in_bulk = False
 
     def sqs(self, queue: str | None = None) -> BaseClient:
         """kombu's client for ``queue``, made to ask for the lease on blocking receives."""
@@ -76,9 +77,23 @@ class ReceivingChannel(SQSChannel):
         """kombu's decoded message, marked redelivered when SQS delivered it before."""
         return mark_redelivered(super()._message_to_python(message, queue_name, q_url), message)
 
+    def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """The blocking receive path (no event loop: gevent, eventlet, plain kombu)."""
+        self._receiving_in_bulk = True
+        try:
+            return super()._get_bulk(queue, *args, **kwargs)
+        finally:
+            self._receiving_in_bulk = False
+
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
-        """Delete a no-ack message; without an event loop (``celery inspect``), blocking."""
-        if self.hub is not None:
+        """Delete a no-ack message; blocking unless it came on the event loop.
+
+        A blocking receive may run outside the loop's thread: a task that pings the
+        workers, in a threads pool, on a channel that took the worker's loop when it was
+        made. The loop's HTTP client belongs to the loop's thread (``pycurl.error: cannot
+        add/remove handle - multi_perform() already running`` from any other).
+        """
+        if self.hub is not None and not self._receiving_in_bulk:
             super()._delete_message(queue_name, message)
             return
         self.sqs(queue=queue_name).delete_message(
@@ -185,6 +200,10 @@ class ReceivingChannel(SQSChannel):
         self, queue_name: str, queue_url: str, callback: Any, answer: Any
     ) -> None:
         self._receive_gate.poll_answered(queue_url)
+        if self.closed:
+            # Closed while the poll was out (see _next_turn): nobody takes the messages,
+            # and SQS shows them again when their visibility timeout ends.
+            return
         if isinstance(answer, dict):
             self._receive_gate.succeeded(queue_name)
         else:
@@ -207,7 +226,18 @@ class ReceivingChannel(SQSChannel):
         self._receive_gate.poll_answered(queue_url)
         self._receive_failed(queue_name, classify_receive_error(error))
         # An empty answer lets kombu schedule the next turn, which waits out the backoff.
-        self._event_loop.call_soon(partial(callback, {}))
+        self._event_loop.call_soon(partial(self._next_turn, callback))
+
+    def _next_turn(self, callback: Any) -> None:
+        """kombu's next turn after a failed receive, unless the channel closed meanwhile.
+
+        A client's channel on the worker's loop (a task that pings the workers, in a
+        threads pool) is closed by the client when it has its answers, while its poll is
+        out; kombu's next turn reads the closed channel's connection, and that error
+        ended the worker.
+        """
+        if not self.closed:
+            callback({})
 
     def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         """The blocking receive (gevent, eventlet, plain kombu): failures read as empty."""

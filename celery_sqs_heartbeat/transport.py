@@ -120,7 +120,6 @@ class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
         self.options: HeartbeatOptions = self.connection.heartbeat_options
         self.manager: VisibilityExtensionManager = self.connection.manager
         self.lease_table = LeaseTable()
-        self._receiving_in_bulk = False
 
     @cached_property
     def visibility_timeout(self) -> int:
@@ -170,12 +169,10 @@ class Channel(ForgetsDeletedQueueUrls, ParkingChannel, PayloadChannel):
             self._release_unclaimed()
 
     def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        """The blocking receive path (no event loop: gevent, eventlet, plain kombu)."""
-        self._receiving_in_bulk = True
+        """The blocking receive path: what it leased and nobody took goes back at once."""
         try:
             return super()._get_bulk(queue, *args, **kwargs)
         finally:
-            self._receiving_in_bulk = False
             self._release_unclaimed()
 
     def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:

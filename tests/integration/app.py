@@ -125,6 +125,20 @@ def retries_later(self, label: str, countdown: float) -> str:
     return label
 
 
+@app.task(bind=True)
+def pings_the_workers(self, label: str) -> int:
+    """Asks every worker for a ping from inside a task, on a connection of its own.
+
+    What a task does that checks on the cluster (``app.control.inspect()``, ``ping``): a
+    client of the broker in a thread of the worker, which runs its own event loop.
+    """
+    started = time.time()
+    with app.connection_for_write() as connection:
+        replies = app.control.ping(timeout=2, connection=connection)
+    _record(self.request.id, label, started, f"{len(replies)} replies")
+    return len(replies)
+
+
 @signals.worker_ready.connect
 def _lose_the_connection_later(sender: Any, **_: Any) -> None:
     """With IT_DROP_CONNECTION_AFTER, break the consumer's connection once, as a network would.
