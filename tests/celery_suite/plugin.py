@@ -8,11 +8,18 @@ reply queue of a ping or an inspect, a producer) were polled on the worker's loo
 the worker's thread, as if they were the worker's own. When such a reply queue was
 deleted under that poll, the worker ended (kombu's stock transport and this one alike).
 
-Here a channel has no event loop when the main thread uses it, as in a separate client
-process: it receives by blocking calls there, as ``celery inspect`` does. It is decided
-on use, not when the channel is made, because kombu's connection pools are shared by
-the threads: a channel the worker's thread made may serve the test next. The transports
-below are the broker's own with only that changed; nothing of it reaches users.
+Here a channel has an event loop only when the worker's own thread uses it: everywhere
+else it receives by blocking calls, as ``celery inspect`` does in a process of its own.
+The suite runs other clients in threads too: ``test_beat.py`` runs beat's remote control
+(a consumer of its own, draining in its own thread), and before this rule covered it,
+that consumer's channel took the worker's loop, deleted its no-ack messages through the
+worker's HTTP client from beat's thread (``pycurl.error: cannot add/remove handle -
+multi_perform() already running``), and the answer of a poll the loop had sent for it
+reached a channel beat had closed meanwhile: the worker ended, and every later test
+timed out. It is decided on use, not when the channel is made, because kombu's
+connection pools are shared by the threads: a channel the worker's thread made may
+serve the test next. The transports below are the broker's own with only that changed;
+nothing of it reaches users.
 
 This module also registers Celery's pytest fixtures (``celery.contrib.pytest``), which
 the suite's conftest imports by name but which only the ``pytest-celery`` package would
@@ -24,6 +31,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from celery.worker import WorkController
 from kombu.transport import SQS
 
 from celery_sqs_heartbeat import transport as heartbeat
@@ -31,12 +39,26 @@ from celery_sqs_heartbeat import transport as heartbeat
 pytest_plugins = ["celery.contrib.pytest"]
 
 
+def _in_the_workers_thread() -> bool:
+    """Whether this is the thread Celery's harness runs its worker in.
+
+    The harness starts it as ``Thread(target=worker.start)`` (``celery.contrib.testing.
+    worker``), and a thread keeps its target while it runs. A prefork child is not one:
+    the fork leaves it only its main thread.
+    """
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return False
+    target = getattr(thread, "_target", None)
+    return isinstance(getattr(target, "__self__", None), WorkController)
+
+
 class _ClientChannelsWithoutLoop:
-    """A channel mixin: used by the test's main thread, a channel has no event loop."""
+    """A channel mixin: used outside the worker's thread, a channel has no event loop."""
 
     @property
     def hub(self) -> Any:
-        if threading.current_thread() is threading.main_thread():
+        if not _in_the_workers_thread():
             return None
         return self.__dict__.get("_hub")
 

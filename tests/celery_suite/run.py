@@ -1,7 +1,7 @@
 """Run Celery's own integration suite with this transport as the broker.
 
     python -m tests.celery_suite.run [--broker heartbeat|stock|redis] [--work-dir DIR]
-                                     [--all-modules] [--no-deselect] [-- PYTEST ARGS]
+                                     [--no-deselect] [-- PYTEST ARGS]
 
 1. Fetches the source distribution of the installed Celery from PyPI (``pip download``,
    once per work directory) and unpacks its ``t/`` and its ``pyproject.toml`` (pytest's
@@ -9,11 +9,11 @@
 2. Starts ``redis-server`` on 127.0.0.1 as the result backend (and as the broker with
    ``--broker redis``), and the strict SQS server for an SQS broker.
 3. Writes ``integration-tests-config.json``, the suite's own way to be configured.
-4. Runs pytest on the modules in :data:`MODULES` with :mod:`tests.celery_suite.plugin`,
-   deselecting what ``deselected.txt`` lists, with its reason, for an SQS broker.
+4. Runs pytest on all of ``t/integration``, :data:`RUN_LAST` last (or on the ``t/...``
+   paths among the pytest arguments) with :mod:`tests.celery_suite.plugin`, deselecting
+   what ``deselected.txt`` lists, with its reason, for an SQS broker.
 
-``docs/celery-suite.md`` has the results per broker and why the other modules are left
-out. Exits with pytest's status.
+``docs/celery-suite.md`` has the results per broker. Exits with pytest's status.
 """
 
 from __future__ import annotations
@@ -39,20 +39,16 @@ from .deselect import DESELECTED_FILE, read_deselected
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 
-#: The modules of ``t/integration`` that run (docs/celery-suite.md says why): tasks,
-#: groups and chords, remote control and the worker, in about 3 minutes. Left out:
-#: ``test_canvas.py``, 240 tests that alone take longer than CI's 8 minutes for this
-#: environment, and modules of beat, of other result backends, and of memory, logging
-#: and loading, which do not go through the broker's receive, ack and reject paths.
-MODULES = (
-    "test_tasks.py",
-    "test_group_chains.py",
-    "test_inspect.py",
-    "test_worker.py",
-    "test_connection_recovery.py",
-    "test_request_backend_down.py",
-    "test_serialization.py",
-)
+#: Per test, pytest-timeout's limit: above the slowest test that passes, which is
+#: ``test_backend_leak_in_fixture_teardown.py``, 20 embedded workers one after another in
+#: 2 min 2 s over Redis and over SQS alike, and below a hung test wasting much of CI's time.
+TEST_TIMEOUT = 300
+
+#: Modules that change the session's app for the tests after them, and so run last.
+#: ``test_security.py`` turns on message signing (``task_serializer="auth"``) and leaves
+#: it on: over every broker, three revoke tests of ``test_tasks.py`` then fail to
+#: decode (``SecurityError: Unable to deserialize``), and pass when it runs after them.
+RUN_LAST = ("test_security.py",)
 
 #: ``broker_transport`` per ``--broker``: the transports of the plugin, which differ from
 #: the real ones only in the test's own channels (see plugin.py); None: Redis.
@@ -91,7 +87,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=REPO / ".celery-suite",
         help="where Celery's source is fetched and unpacked (default: .celery-suite)",
     )
-    parser.add_argument("--all-modules", action="store_true", help="all of t/integration")
     parser.add_argument("--no-deselect", action="store_true", help="run deselected.txt's too")
     parser.add_argument("pytest_args", nargs="*", help="after --: more arguments for pytest")
     return parser.parse_args(argv)
@@ -187,11 +182,19 @@ def broker(name: str, redis_url: str) -> Iterator[dict[str, object]]:
         }
 
 
+def suite_modules(suite: Path) -> list[str]:
+    """``t/integration``'s test modules in pytest's order, with :data:`RUN_LAST` last."""
+    modules = sorted(path.name for path in (suite / "t" / "integration").glob("test_*.py"))
+    ordered = [m for m in modules if m not in RUN_LAST] + [m for m in RUN_LAST if m in modules]
+    return [f"t/integration/{module}" for module in ordered]
+
+
 def pytest_command(args: argparse.Namespace, suite: Path) -> list[str]:
-    modules = ["t/integration"] if args.all_modules else [f"t/integration/{m}" for m in MODULES]
-    command = [sys.executable, "-m", "pytest", *modules, "-p", "tests.celery_suite.plugin"]
+    paths = [arg for arg in args.pytest_args if arg.startswith("t/")]
+    command = [sys.executable, "-m", "pytest", *([] if paths else suite_modules(suite))]
+    command += ["-p", "tests.celery_suite.plugin", "-p", "no:cacheprovider"]
     # -rR: the tests that passed only when rerun are named in the summary.
-    command += ["-p", "no:cacheprovider", "--timeout", "120", "-rfER"]
+    command += ["--timeout", str(TEST_TIMEOUT), "-rfER"]
     if args.broker != "redis" and not args.no_deselect:
         for node in read_deselected(DESELECTED_FILE):
             command += ["--deselect", node]
