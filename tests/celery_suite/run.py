@@ -39,15 +39,20 @@ from .deselect import DESELECTED_FILE, read_deselected
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 
-#: Per test, pytest-timeout's limit: above the slowest test that passes, which is
-#: ``test_backend_leak_in_fixture_teardown.py``, 20 embedded workers one after another in
-#: 2 min 2 s over Redis and over SQS alike, and below a hung test wasting much of CI's time.
+#: Per test, pytest-timeout's limit: above the slowest tests that pass, and below a hung
+#: test wasting much of CI's time. ``test_backend_leak_in_fixture_teardown.py`` starts
+#: 20 embedded workers one after another, 2 min 2 s over Redis and over SQS alike;
+#: ``test_canvas.py``'s ``test_disabling_flag_allow_error_cb_on_chord_header`` waits 10 s
+#: seven times for what must not happen, 2 to 2.5 minutes.
 TEST_TIMEOUT = 300
 
-#: Modules that change the session's app for the tests after them, and so run last.
-#: ``test_security.py`` turns on message signing (``task_serializer="auth"``) and leaves
-#: it on: over every broker, three revoke tests of ``test_tasks.py`` then fail to
-#: decode (``SecurityError: Unable to deserialize``), and pass when it runs after them.
+#: Modules that change the process for the tests after them, and so run last.
+#: ``test_security.py`` sets up message signing, which makes ``auth`` kombu's default
+#: serializer for the whole process, and leaves it so. kombu's SQS transport decodes
+#: every body of a blocking receive with that default (``AsyncMessage.decode()``), so
+#: three revoke tests of ``test_tasks.py`` then fail to read their replies
+#: (``SecurityError: Unable to deserialize``), over kombu's stock SQS transport and this
+#: one alike; over Redis they pass.
 RUN_LAST = ("test_security.py",)
 
 #: ``broker_transport`` per ``--broker``: the transports of the plugin, which differ from
