@@ -194,8 +194,17 @@ def suite_modules(suite: Path) -> list[str]:
     return [f"t/integration/{module}" for module in ordered]
 
 
+#: pytest's options whose value is a path of the suite, not one to run.
+_PATH_VALUED_OPTIONS = frozenset({"--deselect", "--ignore", "--ignore-glob"})
+
+
 def pytest_command(args: argparse.Namespace, suite: Path) -> list[str]:
-    paths = [arg for arg in args.pytest_args if arg.startswith("t/")]
+    given = args.pytest_args
+    paths = [
+        arg
+        for index, arg in enumerate(given)
+        if arg.startswith("t/") and (index == 0 or given[index - 1] not in _PATH_VALUED_OPTIONS)
+    ]
     command = [sys.executable, "-m", "pytest", *([] if paths else suite_modules(suite))]
     command += ["-p", "tests.celery_suite.plugin", "-p", "no:cacheprovider"]
     # -rR: the tests that passed only when rerun are named in the summary.
