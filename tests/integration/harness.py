@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+import pytest
 from celery import Celery
 
+from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,12 @@ SECRET_KEY = "it-secret-key-that-must-never-be-logged"
 #: A receipt handle of the strict server (moto's: 185 lowercase letters), or 24 letters of one.
 RECEIPT_HANDLE = re.compile(r"[a-z]{24,}")
 #: Where a Celery log record starts: ``[2026-11-23 14:20:25,797: INFO/MainProcess] ...``.
+#: For a test of remote control: on SQS it needs kombu's SNS fanout, from kombu 5.7.
+needs_sns_fanout = pytest.mark.skipif(
+    not KOMBU_BROADCASTS_THROUGH_SNS,
+    reason="kombu before 5.7 has no SNS fanout: a broadcast on SQS reaches no worker",
+)
+
 _RECORD_START = re.compile(r"^\[[^\]]*: (DEBUG|INFO|WARNING|ERROR|CRITICAL)/", re.MULTILINE)
 
 

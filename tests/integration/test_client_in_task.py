@@ -11,20 +11,13 @@ the worker (``'NoneType' object has no attribute 'polling_interval'``).
 
 from __future__ import annotations
 
-import pytest
-
-from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
-
-from .harness import Bed, worker
+from .harness import Bed, needs_sns_fanout, worker
 
 LEASE = 30
 PINGS = 4
 
 
-@pytest.mark.skipif(
-    not KOMBU_BROADCASTS_THROUGH_SNS,
-    reason="kombu before 5.7 has no SNS fanout: a ping on SQS reaches no worker",
-)
+@needs_sns_fanout
 def test_a_task_that_pings_the_workers_leaves_its_worker_running(bed: Bed) -> None:
     bed.create_queue(visibility_timeout=LEASE)
     options = {"visibility_timeout": LEASE, "supports_fanout": True}

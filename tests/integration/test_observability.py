@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
 
-from .harness import REPO, Bed, worker
+from .harness import REPO, Bed, needs_sns_fanout, worker
 
 LEASE = 3
 
@@ -122,10 +122,7 @@ def inspect(bed: Bed, command: str, options: dict[str, Any]) -> dict[str, Any]:
     return replies
 
 
-@pytest.mark.skipif(
-    not KOMBU_BROADCASTS_THROUGH_SNS,
-    reason="kombu before 5.7 has no SNS fanout: a broadcast on SQS reaches no worker",
-)
+@needs_sns_fanout
 def test_inspect_sqs_leases_lists_the_running_task_and_its_renewals(bed: Bed) -> None:
     # Remote control on SQS goes through kombu's SNS fanout.
     options = {"visibility_timeout": LEASE, "supports_fanout": True}

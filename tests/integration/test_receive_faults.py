@@ -7,9 +7,17 @@ import time
 
 import pytest
 
-from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
-
-from .harness import Bed, Worker, assert_queue_empty, log_has, report, tally, wait_for, worker
+from .harness import (
+    Bed,
+    Worker,
+    assert_queue_empty,
+    log_has,
+    needs_sns_fanout,
+    report,
+    tally,
+    wait_for,
+    worker,
+)
 
 LEASE = 4
 
@@ -67,10 +75,7 @@ def test_a_deleted_queue_stops_the_worker_with_a_message_naming_it(bed: Bed, poo
     assert "Traceback" not in log
 
 
-@pytest.mark.skipif(
-    not KOMBU_BROADCASTS_THROUGH_SNS,
-    reason="kombu before 5.7 has no SNS fanout: the worker consumes no broadcast queue",
-)
+@needs_sns_fanout
 def test_a_deleted_remote_control_queue_stops_its_polling_not_the_worker(bed: Bed) -> None:
     """Celery creates and deletes remote control's queues itself: not a misconfiguration."""
     bed.create_queue(visibility_timeout=LEASE)
