@@ -6,6 +6,7 @@ so that one module serves every pool, transport and option combination.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -137,6 +138,23 @@ def pings_the_workers(self, label: str) -> int:
         replies = app.control.ping(timeout=2, connection=connection)
     _record(self.request.id, label, started, f"{len(replies)} replies")
     return len(replies)
+
+
+@app.task(bind=True)
+def reads_a_queue_of_its_own(self, label: str) -> str:
+    """Waits a second for a message on a queue of its own, on a connection it then closes.
+
+    Its poll is still out on the worker's loop when the connection closes, and the queue
+    is still there: the poll's answer reaches a closed channel.
+    """
+    started = time.time()
+    with app.connection_for_write() as connection:
+        inbox = connection.SimpleQueue(f"{os.environ.get('IT_QUEUE', 'it-default')}-inbox")
+        with contextlib.suppress(inbox.Empty):
+            inbox.get(timeout=1)
+        inbox.close()
+    _record(self.request.id, label, started, "ok")
+    return label
 
 
 @signals.worker_ready.connect
