@@ -11,9 +11,11 @@ import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from celery.utils.log import get_logger
+from kombu.transport import SQS
 
 from .leases import MARGIN_CEILING, LeasePolicy
 from .sqs_facts import SQS_MAX_HOLD_SECONDS
@@ -23,6 +25,10 @@ logger = get_logger(__name__)
 __all__ = ["HeartbeatOptions", "InvalidTransportOption"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30
+#: The lease without renewals, when ``visibility_timeout`` is not given: kombu's own.
+#: Opting out of renewals is asking for kombu's behaviour, and a 30 s lease nothing
+#: renews would hand any longer task to another worker while it still runs.
+UNRENEWED_VISIBILITY_TIMEOUT = int(SQS.Channel.default_visibility_timeout)
 
 #: Seconds an acked message's delete may wait for others to share its DeleteMessageBatch
 #: call. Measured (benchmarks/README.md, section 3): 0.5 s fills every call from 20 acks
@@ -44,6 +50,9 @@ DEFAULT_METRICS_ADDRESS = "0.0.0.0"
 #: worth of calls (docs/benchmarks.md, "Parking"); under it Celery's own timer keeps
 #: the task, which leaves short countdowns exactly as they were before parking came.
 DEFAULT_ETA_PARKING_THRESHOLD = 900.0
+#: The shortest parking threshold: a parked task comes back half the threshold before
+#: its ETA when that is under ``parking.RETURN_LEAD``, and SQS hides in whole seconds.
+MIN_ETA_PARKING_THRESHOLD = 2.0
 
 #: The options this package adds beside kombu's own SQS options.
 OPTION_NAMES = (
@@ -111,10 +120,11 @@ class HeartbeatOptions:
         that was probably meant.
         """
         _warn_about_near_misses(options)
-        visibility_timeout = _whole_seconds(
-            options, "visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT, 0, SQS_MAX_HOLD_SECONDS
-        )
         extension = _boolean(options, "visibility_extension", True)
+        default_timeout = DEFAULT_VISIBILITY_TIMEOUT if extension else UNRENEWED_VISIBILITY_TIMEOUT
+        visibility_timeout = _whole_seconds(
+            options, "visibility_timeout", default_timeout, 0, SQS_MAX_HOLD_SECONDS
+        )
         base = cls(
             visibility_timeout=visibility_timeout,
             visibility_extension=extension,
@@ -126,10 +136,19 @@ class HeartbeatOptions:
             ack_batching=_boolean(options, "ack_batching", True),
             ack_batch_interval=_ack_batch_interval(options, visibility_timeout, extension),
             eta_parking=_boolean(options, "eta_parking", True),
-            eta_parking_threshold=_parking_threshold(options, visibility_timeout, None),
         )
         if not extension:
-            return base
+            if _given(options, "visibility_timeout", None) is not None:
+                _warn_leases_not_renewed(visibility_timeout)
+            return replace(
+                base,
+                eta_parking_threshold=_parking_threshold(
+                    options,
+                    visibility_timeout,
+                    f"visibility_timeout ({visibility_timeout}), not renewed while "
+                    "visibility_extension is off",
+                ),
+            )
         if visibility_timeout < 2:
             raise InvalidTransportOption(
                 f"visibility_timeout={visibility_timeout!r}: renewing leases needs at least 2 "
@@ -138,12 +157,19 @@ class HeartbeatOptions:
         threshold = _threshold(options, visibility_timeout)
         interval = _interval(options, visibility_timeout, threshold)
         maximum = _extension_max(options, visibility_timeout)
+        hold = LeasePolicy(visibility_timeout, max_hold=maximum).hold_limit
         return replace(
             base,
             visibility_extension_threshold=threshold,
             visibility_extension_interval=interval,
             visibility_extension_max=maximum,
-            eta_parking_threshold=_parking_threshold(options, visibility_timeout, maximum),
+            eta_parking_threshold=_parking_threshold(
+                options,
+                hold,
+                f"visibility_extension_max ({maximum:g})"
+                if maximum == hold
+                else f"SQS's 12 hours less 60 s ({hold:g})",
+            ),
         )
 
     def release_delay_for(self, receive_count: int) -> int:
@@ -316,17 +342,36 @@ def _extension_max(options: Mapping[str, Any], visibility_timeout: int) -> float
     return maximum
 
 
-def _parking_threshold(
-    options: Mapping[str, Any], visibility_timeout: int, maximum: float | None
-) -> float:
-    """At most the hold limit: a task delivered within the threshold is held until due."""
-    limit = LeasePolicy(visibility_timeout, max_hold=maximum).hold_limit
-    allowed = f"from 2 to {limit:g} (the hold limit: visibility_extension_max or 12 h less 60 s)"
-    default = min(DEFAULT_ETA_PARKING_THRESHOLD, limit)
+def _parking_threshold(options: Mapping[str, Any], hold: float, named: str) -> float:
+    """At most half the ``hold``, the longest a delivered task stays hidden from others.
+
+    A task delivered within the threshold is held until due, and then runs in what is
+    left of the hold: a threshold near the hold starts it with almost nothing left, and
+    it is handed out again mid-run. Half leaves the run at least as long as the longest
+    wait, whatever the hold; the default is the same, or 15 minutes if less.
+    """
+    ceiling = max(MIN_ETA_PARKING_THRESHOLD, hold / 2)
+    allowed = (
+        f"from {MIN_ETA_PARKING_THRESHOLD:g} to {ceiling:g}, half the hold limit of {named}: "
+        "a task held until its ETA must have at least as long again to run"
+    )
+    default = min(DEFAULT_ETA_PARKING_THRESHOLD, ceiling)
     threshold = _seconds(options, "eta_parking_threshold", default, allowed)
-    if not 2 <= threshold <= limit:
+    if not MIN_ETA_PARKING_THRESHOLD <= threshold <= ceiling:
         raise InvalidTransportOption(f"eta_parking_threshold={threshold!r}: must be {allowed}")
     return threshold
+
+
+@cache
+def _warn_leases_not_renewed(visibility_timeout: int) -> None:
+    """Once per process and value: every connection of a worker parses the options, and
+    one setting warned about several times reads as several problems."""
+    logger.warning(
+        "visibility_extension is False: SQS leases are not renewed, so a task still "
+        "running (or waiting for its ETA) visibility_timeout=%d s after its receive "
+        "runs again elsewhere",
+        visibility_timeout,
+    )
 
 
 def _release_delay(options: Mapping[str, Any]) -> tuple[int, ...]:

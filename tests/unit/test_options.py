@@ -6,10 +6,13 @@ import logging
 from typing import Any
 
 import pytest
+from kombu.transport import SQS
 
+from celery_sqs_heartbeat import options as options_module
 from celery_sqs_heartbeat.options import OPTION_NAMES, HeartbeatOptions, InvalidTransportOption
 
 OPTIONS_LOGGER = "celery_sqs_heartbeat.options"
+KOMBU_DEFAULT_LEASE = SQS.Channel.default_visibility_timeout
 
 
 def parse(**options: Any) -> HeartbeatOptions:
@@ -424,20 +427,59 @@ def test_eta_parking_is_on_with_a_15_minute_threshold_by_default() -> None:
     assert options.eta_parking_threshold == 900
 
 
-def test_the_parking_threshold_defaults_to_a_lower_hold_limit() -> None:
-    assert parse(visibility_extension_max=600).eta_parking_threshold == 600
+@pytest.mark.parametrize(
+    ("given", "threshold"),
+    [
+        # Half the hold limit when that is under 15 minutes: a task held until its ETA
+        # keeps as long to run as it waited, instead of starting with no hold left.
+        ({"visibility_extension_max": 600}, 300),
+        ({"visibility_extension_max": 1800}, 900),
+        ({"visibility_extension_max": 43200}, 900),
+        # Without renewals the hold is the lease itself.
+        ({"visibility_extension": False, "visibility_timeout": 60}, 30),
+        ({"visibility_extension": False}, 900),
+        # Never under the shortest threshold, however short the hold.
+        ({"visibility_timeout": 2, "visibility_extension_max": 2}, 2),
+        ({"visibility_extension": False, "visibility_timeout": 0}, 2),
+    ],
+)
+def test_the_parking_threshold_defaults_to_at_most_half_the_hold(
+    given: dict[str, Any], threshold: float
+) -> None:
+    assert parse(**given).eta_parking_threshold == threshold
 
 
 @pytest.mark.parametrize(
     ("given", "expected_in_message"),
     [
         ({"eta_parking": "yes"}, ["eta_parking='yes'", "True or False"]),
-        ({"eta_parking_threshold": 1}, ["eta_parking_threshold=1", "from 2 to 43140"]),
-        ({"eta_parking_threshold": 43141}, ["eta_parking_threshold=43141", "from 2 to 43140"]),
-        ({"eta_parking_threshold": "soon"}, ["eta_parking_threshold='soon'", "from 2 to 43140"]),
+        ({"eta_parking_threshold": 1}, ["eta_parking_threshold=1", "from 2 to 21570"]),
         (
-            {"visibility_extension_max": 600, "eta_parking_threshold": 601},
-            ["eta_parking_threshold=601", "from 2 to 600"],
+            {"eta_parking_threshold": 21571},
+            ["eta_parking_threshold=21571", "from 2 to 21570", "half", "43140"],
+        ),
+        ({"eta_parking_threshold": "soon"}, ["eta_parking_threshold='soon'", "from 2 to 21570"]),
+        (
+            {"visibility_extension_max": 600, "eta_parking_threshold": 301},
+            [
+                "eta_parking_threshold=301",
+                "from 2 to 300",
+                "half",
+                "visibility_extension_max (600)",
+            ],
+        ),
+        (
+            {"visibility_extension_max": 600, "eta_parking_threshold": 600},
+            ["eta_parking_threshold=600", "from 2 to 300", "visibility_extension_max (600)"],
+        ),
+        (
+            {"visibility_extension": False, "visibility_timeout": 60, "eta_parking_threshold": 31},
+            [
+                "eta_parking_threshold=31",
+                "from 2 to 30",
+                "visibility_timeout (60)",
+                "visibility_extension is off",
+            ],
         ),
     ],
 )
@@ -450,6 +492,68 @@ def test_a_bad_parking_option_is_refused_naming_it_and_the_range(
         assert text in str(raised.value)
 
 
-@pytest.mark.parametrize("threshold", [2, "3600", 43140])
+@pytest.mark.parametrize("threshold", [2, "3600", 21570])
 def test_parking_threshold_bounds_are_inclusive_and_text_is_read(threshold: Any) -> None:
     assert parse(eta_parking_threshold=threshold).eta_parking_threshold == float(threshold)
+
+
+def test_a_parking_threshold_of_half_the_extension_max_is_kept() -> None:
+    options = parse(visibility_extension_max=600, eta_parking_threshold=300)
+
+    assert options.eta_parking_threshold == 300
+
+
+# --- visibility_extension: False ----------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_warnings() -> None:
+    """The start-up warning is logged once per process; each test starts afresh."""
+    options_module._warn_leases_not_renewed.cache_clear()
+
+
+@pytest.mark.parametrize("unset", [{}, {"visibility_timeout": None}, {"visibility_timeout": ""}])
+def test_without_renewals_the_lease_defaults_to_kombus_own(unset: dict[str, Any]) -> None:
+    """Opting out of renewals gets kombu's lease, not a 30 s one nothing renews."""
+    options = parse(visibility_extension=False, **unset)
+
+    assert options.visibility_timeout == KOMBU_DEFAULT_LEASE == 1800
+
+
+def test_with_renewals_the_lease_still_defaults_to_30_seconds() -> None:
+    assert parse(visibility_extension=True).visibility_timeout == 30
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_without_renewals_a_given_lease_is_kept_and_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=OPTIONS_LOGGER):
+        # Every connection of a worker parses the options again.
+        first = parse(visibility_extension=False, visibility_timeout=120)
+        second = parse(visibility_extension=False, visibility_timeout="120")
+
+    assert first.visibility_timeout == second.visibility_timeout == 120
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "not renewed" in warning
+    assert "visibility_timeout=120 s" in warning
+    assert "runs again" in warning
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"visibility_extension": False},
+        {"visibility_extension": False, "visibility_timeout": None},
+        {"visibility_timeout": 120},
+        {},
+    ],
+)
+def test_no_lease_warning_for_kombus_lease_or_with_renewals(
+    caplog: pytest.LogCaptureFixture, given: dict[str, Any]
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=OPTIONS_LOGGER):
+        parse(**given)
+
+    assert [r for r in caplog.records if r.name == OPTIONS_LOGGER] == []
