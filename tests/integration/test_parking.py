@@ -42,6 +42,14 @@ OPTIONS = {
 }
 #: How late after its ETA a task may start: Celery's timer, a loaded 2-core machine.
 LATENESS = 3.0
+#: How early, by the wall clock, a task may start. Celery holds it until its ETA, but the
+#: gevent pool's timer (``spawn_later``) counts from the event loop's cached clock, which
+#: lags by as long as the worker's greenlet has run, or waited for a core, since the loop
+#: last woke: parsing the receive's answer, decoding the task, scheduling its ETA. That
+#: is milliseconds, 0.01 s seen on a loaded machine. The other pools' timers compare
+#: ``monotonic()`` with the ETA and start nothing early. A task run unheld would start
+#: at its delivery, a whole lead (``THRESHOLD / 2``) early.
+EARLY_START = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +74,11 @@ def lateness(bed: Bed, sent: list[tuple[Sent, float]]) -> dict[str, float]:
     return {task.task_id: round(starts[task.task_id] - eta, 2) for task, eta in sent}
 
 
+def on_time(seconds_late: float) -> bool:
+    """Whether a task that started ``seconds_late`` after its ETA (before: < 0) was on time."""
+    return -EARLY_START <= seconds_late <= LATENESS
+
+
 def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_bed: Bed) -> None:
     """Three workers on the queue (threads, prefork, gevent); ETAs two to four holds away."""
     bed = parking_bed
@@ -88,7 +101,7 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_be
     parks = {pool: log.count("Parking task ") for pool, log in logs.items()}
     report("parking/pools", runs=bed.runs_per_task(), lateness=late, receives=receives, parks=parks)
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
-    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    assert all(on_time(seconds) for seconds in late.values()), late
     # Parked once at least, most of them twice: every receive but the last hid it again.
     assert all(count >= 2 for count in receives.values()), receives
     assert sum(count >= 3 for count in receives.values()) >= 3, receives
@@ -121,7 +134,7 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_b
     report("parking/dlq", runs=bed.runs_per_task(), lateness=late, copies=copies, dead=len(dead))
     assert dead == []
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
-    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    assert all(on_time(seconds) for seconds in late.values()), late
     assert copies >= len(sent), logs
     assert not any("Traceback" in log for log in logs)
 
@@ -172,7 +185,7 @@ def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_non
     ]
     report("parking/restarts", runs=bed.runs_per_task(), lateness=late, released=released)
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
-    assert all(0 <= seconds <= LATENESS for seconds in late.values()), late
+    assert all(on_time(seconds) for seconds in late.values()), late
     # Nothing of a parked task was in a worker to hand back at shutdown.
     assert released == [], released
     assert any(e["result"] == "ok" for e in of_action(events_of(bed, expiring), "delete")), logs
@@ -195,7 +208,7 @@ def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
     assert bed.runs_per_task() == {t.task_id: 1 for t in (first, then, other)}, log
     assert "Parking task " in log, log
     assert runs["other"]["start"] < eta
-    assert eta <= runs["parked"]["start"] <= eta + LATENESS
+    assert on_time(runs["parked"]["start"] - eta), runs
     assert runs["then"]["start"] >= runs["parked"]["end"]
 
 

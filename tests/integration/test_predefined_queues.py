@@ -640,7 +640,15 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         c for c in on_queue if c.action == "ChangeMessageVisibilityBatch" and 0 in c.visibilities
     ]
     deletes = [c for c in on_queue if c.action == "DeleteMessageBatch"]
-    long_events = [e for events in renewed_messages(server, queue) for e in events]
+    long_events = renewed_message(server, queue)
+    # Only the long task is held for long. Another message may be renewed once a receive:
+    # a short task's lease fills a renewal call of the long task's, or is renewed while
+    # its delete is on the wire (the failing task is received twice).
+    others_renewed = [
+        sum(e["action"] == "change_visibility" and e["visibility"] == LEASE for e in events)
+        for events in renewed_messages(server, queue)
+        if events != long_events
+    ]
     refreshed_at = assume_roles[1].signed_at
     report(
         "sts role",
@@ -670,7 +678,7 @@ def test_sts_role_credentials_are_followed_through_refreshes(
 
     assert bed.runs_per_task() == {long_task: 1, failing: 2, large: 1}
     assert refused == []
-    assert long_events == renewed_message(server, queue)
+    assert all(count <= 2 for count in others_renewed), others_renewed
     assert settled, "the failed task not dead-lettered, the long task or the object not deleted"
     # kombu re-assumed the role during the long task: 15 s of work, 6 s per session.
     assert len(assume_roles) >= 3, assume_roles

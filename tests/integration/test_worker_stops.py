@@ -38,8 +38,10 @@ QUEUE_VISIBILITY = 60
 RECEIVE_SLACK = 2.5
 #: The lease of the cold-shutdown scenarios, long so that "released" and "expired" differ.
 COLD_LEASE = 30
-#: How soon after a cold shutdown the other worker must have the released messages.
-HANDOVER_SECONDS = 5.0
+#: Only a failure guard on how soon after a shutdown the other worker has the released
+#: messages: the shutdown's own work is in it, which a loaded machine stretches. That
+#: they were released, not left to expire, the event log shows (:func:`lease_end`).
+HANDOVER_SECONDS = 10.0
 #: The server limit of the hold-limit scenarios, SQS's 12 hours scaled down.
 SHORT_HOLD = 12
 
@@ -91,6 +93,19 @@ def of_action(events: list[dict[str, Any]], action: str) -> list[dict[str, Any]]
 
 def releases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in of_action(events, "change_visibility") if e["visibility"] == 0]
+
+
+def lease_end(events: list[dict[str, Any]], at: float) -> float:
+    """When the lease held at ``at`` was to end: its last receive or renewal, plus its length.
+
+    The strict server hands a message out again no sooner, unless it was released.
+    """
+    hides = [
+        e
+        for e in events
+        if e["action"] in ("receive", "change_visibility") and e["result"] == "ok" and e["t"] < at
+    ]
+    return float(hides[-1]["t"] + hides[-1]["visibility"])
 
 
 def deleted(bed: Bed, *tasks: Sent) -> bool:
@@ -180,6 +195,7 @@ def test_sigkill_mid_task_hands_the_message_to_another_worker_within_one_lease(
     receives = of_action(events, "receive")
     changes = of_action(events, "change_visibility")
     back_after = receives[1]["t"] - killed_at if len(receives) > 1 else None
+    renewed_until = lease_end(events, killed_at)
     report(
         f"sigkill/{pool}",
         sent=1,
@@ -190,6 +206,7 @@ def test_sigkill_mid_task_hands_the_message_to_another_worker_within_one_lease(
         renewals_after=sum(e["t"] > killed_at for e in changes),
         deletes=len(of_action(events, "delete")),
         kill_to_next_receive=back_after and round(back_after, 2),
+        lease_end_to_next_receive=back_after and round(receives[1]["t"] - renewed_until, 2),
         pool_gone_after=round(pool_gone_at - killed_at, 2) if pool_pids else "-",
         calls=calls_since(bed, calls_before),
     )
@@ -201,8 +218,13 @@ def test_sigkill_mid_task_hands_the_message_to_another_worker_within_one_lease(
     # Held by the victim until the kill, renewed at least once: the task outlived a lease.
     assert receives[0]["t"] < killed_at < receives[1]["t"], events
     assert any(e["t"] < killed_at for e in changes), events
-    assert back_after is not None and back_after <= LEASE + RECEIVE_SLACK, events
+    # Back within one lease: the victim renewed for one lease at a time, nothing hid the
+    # message after the kill, and the survivor's poll took it once that lease ran out.
+    # Counted from the kill instead, what was left of the lease, up to all of it, would
+    # eat into the slack of the survivor's poll.
+    assert {e["visibility"] for e in changes if e["t"] < killed_at} == {LEASE}, events
     assert [e for e in events if killed_at < e["t"] < receives[1]["t"]] == [], events
+    assert receives[1]["t"] - renewed_until <= RECEIVE_SLACK, events
     assert all(e["result"] == "ok" for e in events), events
     assert [e["action"] for e in events][-1] == "delete", events
     assert len(of_action(events, "delete")) == 1, events
@@ -328,8 +350,11 @@ def test_cold_shutdown_releases_unstarted_messages_at_once(
     # Held for its countdown in "b" too, not run early.
     assert by_task[held.unstarted[-1].task_id]["start"] >= held.countdown_due - 0.5
     for task in held.unstarted:
-        # Released, not expired: "b" has it within seconds of a 30 s lease.
+        # Released, not expired: "b" has it before the lease "a" held could have run out.
         assert [e["result"] for e in releases(events[task])] == ["ok"], events[task]
+        [release] = releases(events[task])
+        taken_at = of_action(events[task], "receive")[-1]["t"]
+        assert release["t"] < taken_at < lease_end(events[task], release["t"]), events[task]
         came_back = back_after(task)
         assert came_back is not None and came_back <= HANDOVER_SECONDS, events[task]
     came_back = back_after(held.running)
@@ -404,6 +429,9 @@ def test_a_second_sigterm_is_still_a_warm_shutdown(bed: Bed) -> None:
         assert by_task[task.task_id]["worker"] == "b"
         assert len(of_action(events[task], "receive")) == 2, events[task]
         assert [e["result"] for e in releases(events[task])] == ["ok"], events[task]
+        [release] = releases(events[task])
+        taken_at = of_action(events[task], "receive")[-1]["t"]
+        assert release["t"] < taken_at < lease_end(events[task], release["t"]), events[task]
         came_back = back_after_drain(task)
         assert came_back is not None and 0 < came_back <= HANDOVER_SECONDS, events[task]
     assert second_alive, second_log
