@@ -32,8 +32,12 @@ __all__ = [
 ]
 
 #: The receive is timestamped when the response has arrived, a little after SQS started
-#: the clock, so the last renewal stops this much short of the 12 hours to stay valid.
+#: the clock, so every visibility change ends this much short of the 12 hours to stay valid.
 HOLD_MARGIN_SECONDS = 60
+
+#: Seconds after the receive (on this process's clock) by which every visibility change
+#: must end: SQS refuses one that ends later, whether renewal, park or release.
+LONGEST_HIDE = SQS_MAX_HOLD_SECONDS - HOLD_MARGIN_SECONDS
 
 
 #: Whole-call codes aside, the most leases one :meth:`LeaseBook.due_batches` call looks at
@@ -74,7 +78,7 @@ class LeasePolicy:
     @property
     def hold_limit(self) -> float:
         """Seconds after the receive at which renewing stops for good."""
-        limit = float(SQS_MAX_HOLD_SECONDS - HOLD_MARGIN_SECONDS)
+        limit = float(LONGEST_HIDE)
         if self.max_hold is not None:
             limit = min(limit, self.max_hold)
         return limit
@@ -166,7 +170,24 @@ class Lease:
 
     @property
     def hold_deadline(self) -> float:
+        """When renewing stops: the policy's hold limit after the receive."""
         return self.received_at + self.policy.hold_limit
+
+    def capped_visibility(self, wanted: int, now: float, until: float | None = None) -> int:
+        """The visibility to send at ``now`` for ``wanted``: the guard of every change.
+
+        SQS counts 12 hours from the receive, not from the change, and refuses a change
+        that would end later (``InvalidParameterValue``, the code it also uses for a
+        stale receipt handle). So renewals, parks and releases alike are cut to end by
+        :data:`LONGEST_HIDE` after the receive, or by ``until`` if sooner: a renewal's
+        :attr:`hold_deadline`, since ``visibility_extension_max`` bounds how long this
+        worker holds a task, not how long a release hides it. Whole seconds, and never
+        below 0: a release left no time makes the message visible now.
+        """
+        deadline = self.received_at + LONGEST_HIDE
+        if until is not None:
+            deadline = min(deadline, until)
+        return max(0, min(wanted, math.floor(deadline - now)))
 
     def describe(self) -> str:
         return f"task {self.task_name or '?'}[{self.task_id or '?'}]"
@@ -190,6 +211,9 @@ class EntryResult(Enum):
     LOST = "lost"
     #: Throttling, a server error or a network fault: worth asking again.
     TRANSIENT = "transient"
+    #: SQS refused the visibility as ending more than 12 hours after the receive: its
+    #: clock started earlier than this process's. The handle still holds the message.
+    BEYOND_LIMIT = "beyond_limit"
 
 
 @dataclass(frozen=True)
@@ -486,8 +510,7 @@ class LeaseBook:
 
     @staticmethod
     def _renewal_length(lease: Lease, now: float) -> int:
-        full = lease.policy.visibility_timeout
-        return max(0, min(full, math.floor(lease.hold_deadline - now)))
+        return lease.capped_visibility(lease.policy.visibility_timeout, now, lease.hold_deadline)
 
     def settle(
         self, batch: RenewalBatch, results: Mapping[Lease, tuple[EntryResult, str]], now: float
@@ -515,6 +538,11 @@ class LeaseBook:
                     self._discard(lease)
                     settlement.capped.append(lease)
                     continue
+            elif outcome is EntryResult.BEYOND_LIMIT:
+                # At the hold limit by SQS's clock: its last renewal holds, and no more.
+                self._discard(lease)
+                settlement.capped.append(lease)
+                continue
             elif outcome is EntryResult.LOST:
                 self._discard(lease)  # while deleting: the delete landed first, no loss
                 if not lease.deleting:

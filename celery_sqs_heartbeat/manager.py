@@ -60,9 +60,11 @@ RETRY_DELAY = 1.0
 #: at 120,000 leases held (benchmarks/scheduler_cost.py).
 BATCHES_PER_HOLD = 5
 
-#: How long the end of the process waits for deletes still pending: a delete that never
-#: went out means the task runs again elsewhere once its lease ends.
-EXIT_FLUSH_TIMEOUT = 5.0
+#: How long the end of the process waits for deletes and releases still pending: a
+#: delete that never went out means the task runs again elsewhere once its lease ends,
+#: and a release that never went out leaves its message hidden until then. Closing a
+#: channel does not wait (``Channel.close``): a worker's warm shutdown waits here.
+EXIT_FLUSH_TIMEOUT = 10.0
 
 
 class LeaseQueue(Protocol):
@@ -119,7 +121,6 @@ class VisibilityExtensionManager:
         )
         #: A check left due work behind for want of a call slot: a freed slot wakes it.
         self._starved = False
-        self._flush_requested = False
         #: Outbox calls whose answers are not reported yet.
         self._batches_reporting = 0
 
@@ -209,15 +210,16 @@ class VisibilityExtensionManager:
             self._changed.notify_all()
 
     def flush(self, timeout: float) -> int:
-        """Send every pending delete and release now; wait for SQS's answers.
+        """Send every pending delete and release now; wait up to ``timeout`` for SQS.
 
-        Returns how many are still unconfirmed when ``timeout`` ran out (0: all done).
+        Returns how many are still unconfirmed when ``timeout`` ran out (0: all done);
+        ``flush(0)`` sends them and returns at once.
         """
         deadline = self.clock() + timeout
         with self._lock:
             if not self._unconfirmed():
                 return 0
-            self._flush_requested = True
+            self._outbox.hurry(self.clock())
             self._changed.notify_all()
         self._ensure_thread()
         with self._lock:
@@ -226,7 +228,6 @@ class VisibilityExtensionManager:
                 if remaining <= 0:
                     break
                 self._changed.wait(min(remaining, 0.1))
-            self._flush_requested = False
             return len(self._outbox) + int(self._book.releases_waiting())
 
     def stop(self, timeout: float) -> int:
@@ -320,13 +321,13 @@ class VisibilityExtensionManager:
         """
         with self._lock:
             room = self._sends.free
-            batches = self._outbox.due_batches(self.clock(), self._flush_requested, room)
+            batches = self._outbox.due_batches(self.clock(), room)
             for batch in batches:
                 if batch.request is Request.DELETE:
                     for item in batch.entries:
                         self._book.suspend(item.lease)
             self._batches_reporting += len(batches)
-            left = self._outbox.next_due(self._flush_requested)
+            left = self._outbox.next_due()
             more = left is not None and left <= self.clock() and len(batches) >= room
             self._starved = self._starved or more
         for batch in batches:
@@ -341,7 +342,7 @@ class VisibilityExtensionManager:
             if batch.request is Request.DELETE:
                 call = functools.partial(queue.delete, leases)
             else:
-                entries = [(item.lease, item.delay) for item in batch.entries]
+                entries = _capped_releases(batch, self.clock())
                 call = functools.partial(queue.change_visibility, entries)
             results = _ask(queue, f"Sending SQS {batch.request.value}s", leases, call)
             self._settle_send(batch, results)
@@ -393,13 +394,35 @@ class VisibilityExtensionManager:
         owed = []
         if len(self._book):
             owed.append(self._interval)
-        next_due = self._outbox.next_due(self._flush_requested)
+        next_due = self._outbox.next_due()
         if next_due is not None and self._sends.free:
             owed.append(next_due - now)
         summary = self._report.next_summary_in()
         if summary is not None:
             owed.append(summary)
         return max(0.0, min(owed)) if owed else None
+
+
+def _capped_releases(batch: OutboxBatch, now: float) -> list[tuple[Lease, int]]:
+    """A release call's entries, each delay cut to what SQS takes as it goes out at ``now``.
+
+    Cut as the call is built, because the wait for company, a renewal on the wire or a
+    retry all eat into the 12 hours after the receive. The entry keeps the delay it was
+    sent with, for its retries and its ``lease_released`` signal: it is this call's alone
+    until the call is settled, so no lock is needed.
+    """
+    shortened = []
+    for item in batch.entries:
+        capped = item.lease.capped_visibility(item.delay, now)
+        if capped < item.delay:
+            shortened.append(f"{item.lease.describe()} {item.delay} s -> {capped} s")
+            item.delay = capped
+    if shortened:
+        logger.info(
+            "Shortened SQS visibility to end within 12 hours of the receive: %s",
+            ", ".join(shortened),
+        )
+    return [(item.lease, item.delay) for item in batch.entries]
 
 
 def _ask(

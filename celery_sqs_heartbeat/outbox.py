@@ -31,12 +31,16 @@ __all__ = ["Outbox", "OutboxBatch", "OutboxSettlement", "Outgoing", "Request"]
 #: Seconds before its lease runs out by which an entry goes out, whatever its batch wait.
 EXPIRY_MARGIN = 1.0
 
-#: Seconds a confirmed delete is remembered by message id. SQS answers a delete by an
-#: older receipt handle with success and deletes nothing: that happens when the lease ran
-#: out and a receive took the message again before the delete landed. If that receive
-#: was this worker's, its answer may reach the channel after the delete's (a long poll
-#: answers at once with a message, then waits for the event loop), and the task must not
-#: run again. A minute covers a long poll (20 s at most) and a slow loop many times over.
+#: Seconds a delete is remembered by message id once it is settled, whether SQS
+#: confirmed it or it was given up. SQS answers a delete by an older receipt handle with
+#: success and deletes nothing: that happens when the lease ran out and a receive took
+#: the message again before the delete landed. If that receive was this worker's, its
+#: answer may reach the channel after the delete's (a long poll answers at once with a
+#: message, then waits for the event loop), and the task must not run again. A delete
+#: given up (SQS failing past the lease, as in an outage, or the handle refused) leaves
+#: the message to come back once SQS shows it again; the task ran here all the same. A
+#: minute covers a long poll (20 s at most) and a slow loop many times over, and the
+#: first receives after a short outage.
 DELETED_MEMORY = 60.0
 
 
@@ -82,6 +86,9 @@ class OutboxSettlement:
     retried: list[tuple[Outgoing, str]] = field(default_factory=list)
     #: Failed, and given up on because the lease ran out meanwhile.
     abandoned: list[tuple[Outgoing, str]] = field(default_factory=list)
+    #: Releases SQS refused as hiding past its 12 hours: put back to go out at once with
+    #: no delay, so the message is visible now rather than at the end of its lease.
+    beyond_limit: list[tuple[Outgoing, str]] = field(default_factory=list)
 
     def ended(self) -> list[Outgoing]:
         """The entries done with, for better or worse: not to be tried again."""
@@ -145,29 +152,26 @@ class Outbox:
         self.add(Outgoing(lease, Request.DELETE), now)
         return deleted
 
-    def next_due(self, flushing: bool = False) -> float | None:
-        """When the next call is owed, if anything waits; a full batch is owed now.
+    def hurry(self, now: float) -> None:
+        """Make every entry not tried yet due now: a channel closes, the process ends.
 
-        ``flushing`` (the channel closes, the process ends) makes every entry not tried
-        yet due now; one that failed still waits for its retry, so a failing SQS is not
-        hammered for as long as the flush may wait.
+        One that failed still waits for its retry, so a failing SQS is not hammered for
+        as long as a flush may wait.
         """
+        for item in self:
+            if not item.attempts:
+                item.due_at = min(item.due_at, now)
+
+    def next_due(self) -> float | None:
+        """When the next call is owed, if anything waits; a full batch is owed now."""
         owed = [
-            float("-inf")
-            if len(ready) >= SQS_BATCH_SIZE
-            else min(self._due(i, flushing) for i in ready)
+            float("-inf") if len(ready) >= SQS_BATCH_SIZE else min(i.due_at for i in ready)
             for items in self._waiting.values()
             if (ready := _sendable(items))
         ]
         return min(owed, default=None)
 
-    @staticmethod
-    def _due(item: Outgoing, flushing: bool) -> float:
-        return float("-inf") if flushing and not item.attempts else item.due_at
-
-    def due_batches(
-        self, now: float, flushing: bool = False, limit: int | None = None
-    ) -> list[OutboxBatch]:
+    def due_batches(self, now: float, limit: int | None = None) -> list[OutboxBatch]:
         """The calls to make now; their entries count as on the wire until settled.
 
         Full batches always go. The rest of a queue's entries of one kind go together
@@ -181,18 +185,18 @@ class Outbox:
             if room is not None and room <= 0:
                 break
             queue, request = key
-            for chunk in self._take_due(key, now, flushing, room):
+            for chunk in self._take_due(key, now, room):
                 batches.append(OutboxBatch(queue, request, chunk))
                 self._in_flight += len(chunk)
         return batches
 
     def _take_due(
-        self, key: tuple[Hashable, Request], now: float, flushing: bool, room: int | None
+        self, key: tuple[Hashable, Request], now: float, room: int | None
     ) -> list[tuple[Outgoing, ...]]:
         """Take the due calls of one queue and kind, ``room`` at most, leaving the rest."""
         items = _sendable(self._waiting[key])
         held = [item for item in self._waiting[key] if item.lease.renewing]
-        if any(self._due(item, flushing) <= now for item in items):
+        if any(item.due_at <= now for item in items):
             sending, kept = items, held
         else:
             full = len(items) - len(items) % SQS_BATCH_SIZE
@@ -215,7 +219,14 @@ class Outbox:
         results: Mapping[Lease, tuple[EntryResult, str]],
         now: float,
     ) -> OutboxSettlement:
-        """Apply SQS's answer to ``batch``; ``now`` is when it arrived."""
+        """Apply SQS's answer to ``batch``; ``now`` is when it arrived.
+
+        A release refused as past SQS's 12 hours is tried once more, with no delay: its
+        handle still holds the message, and the delay decided (a backoff, a park) can no
+        longer be had, so the message had better be visible now than hidden for the rest
+        of a lease nobody renews. Refused even so, it is given up: the lease is then over
+        by SQS's clock, so the message is visible again anyway. Neither is a lost lease.
+        """
         settlement = OutboxSettlement()
         self._in_flight -= len(batch.entries)
         for item in batch.entries:
@@ -227,10 +238,15 @@ class Outbox:
                 self.add(item, now + self.retry_delay)
                 settlement.retried.append((item, reason))
                 continue
+            if outcome is EntryResult.BEYOND_LIMIT and item.delay:
+                item.delay = 0
+                self.add(item, now)
+                settlement.beyond_limit.append((item, reason))
+                continue
             self._forget(item)
+            self._remember_deleted(item, now)
             if outcome is EntryResult.OK:
                 settlement.done.append(item)
-                self._remember_deleted(item, now)
             elif outcome is EntryResult.LOST:
                 settlement.lost.append((item, reason))
             else:

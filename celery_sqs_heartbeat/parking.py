@@ -8,7 +8,7 @@ message is instead hidden again at the receive, until shortly before its ETA (or
 long as one receive may hide it), and forgotten: no lease, nothing in memory. Whoever
 receives it next decides again.
 
-This module only reads and decides; the channel (:mod:`celery_sqs_heartbeat.parking_channel`)
+This module only reads and decides; the park step (:mod:`celery_sqs_heartbeat.parker`)
 sends the visibility change. Time is passed in as seconds since the epoch, because an
 ETA is a wall-clock instant that every worker must read the same way.
 """
@@ -92,7 +92,9 @@ class ParkingPolicy:
         hide = back_at - start
         if hide > self.longest_hide:
             # Not back in time with one hide: come back while still beyond the threshold,
-            # to be parked again (one more hop), not held for the rest of the wait.
+            # to be parked again (one more hop), not held for the rest of the wait. SQS
+            # counts its 12 hours from the receive, not the send: the manager cuts the
+            # hop as it goes out (Lease.capped_visibility), to the longest SQS takes then.
             hide = min(self.longest_hide, due.eta - start - self.threshold - 1)
         return max(1, math.floor(hide))
 

@@ -118,6 +118,7 @@ class LeaseReporter:
         )
 
     def capped(self, lease: Lease) -> None:
+        """Renewing stopped at the hold limit, by this process's clock or by SQS's refusal."""
         self._logger.warning(
             "Stopped renewing the SQS lease of %s after %.0f seconds "
             "(visibility_extension_max or SQS's 12-hour limit); "
@@ -143,6 +144,14 @@ class LeaseReporter:
                 queue=queue.name,
                 delay=item.delay,
                 reason=item.reason,
+            )
+        for item, reason in settlement.beyond_limit:
+            self._logger.info(
+                "SQS would not hide %s on queue %s past 12 hours from its receive (%s); "
+                "releasing it with no delay instead",
+                item.lease.describe(),
+                queue.name,
+                reason,
             )
         for item, reason in [*settlement.lost, *settlement.abandoned]:
             # Nothing is lost: the message becomes visible when its lease ends.

@@ -8,6 +8,7 @@ foresaw (a bug, an answer botocore cannot parse) and counts it as a failed call.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -20,7 +21,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .leases import EntryResult, Lease
 from .payload_store import delete_objects_of
-from .sqs_facts import LOST_LEASE_CODES, QUEUE_MISSING_CODES, canonical_code, error_code
+from .sqs_facts import (
+    LOST_LEASE_CODES,
+    QUEUE_MISSING_CODES,
+    canonical_code,
+    error_code,
+    is_beyond_hold_limit,
+)
 
 __all__ = [
     "MAX_CALLS_IN_FLIGHT",
@@ -72,6 +79,24 @@ _receive_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.We
 #: while the receive loop and the pool waited (a worker's first second, at 15 ms a call),
 #: and 50 at once added up to 100 MB to the worker.
 _making_clients = threading.Lock()
+
+
+def _reset_at_fork() -> None:
+    """Reset at fork: a child makes clients of its own, under a lock of its own.
+
+    A child has only the thread that forked. One of the parent's other threads may be
+    making a client at the fork, holding the lock: the child, a prefork pool process
+    (a replaced one, ``max_tasks_per_child``), would wait on it for ever. And a client
+    made in the parent shares its connection pools, sockets and all, with the child.
+    """
+    global _renewal_clients, _receive_clients, _making_clients
+    _renewal_clients = weakref.WeakKeyDictionary()
+    _receive_clients = weakref.WeakKeyDictionary()
+    _making_clients = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_at_fork)
 
 
 def renewal_client(source: BaseClient) -> BaseClient:
@@ -185,9 +210,10 @@ class SQSQueue:
             client = renewal_client(self._client_source())
             response = getattr(client, operation)(QueueUrl=self.url, Entries=request)
         except ClientError as exc:
-            code = error_code(exc.response.get("Error", {}).get("Code"))
+            error = exc.response.get("Error", {})
+            code = error_code(error.get("Code"))
             # None of the queue's leases can be renewed again once the queue is gone.
-            kind = _kind(code, lost=QUEUE_MISSING_CODES)
+            kind = _kind(code, error.get("Message"), lost=QUEUE_MISSING_CODES)
             return dict.fromkeys(leases, (kind, without_receipt_handles(f"{code}: {exc}", leases)))
         except (BotoCoreError, OSError) as exc:
             return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
@@ -202,9 +228,10 @@ def _entry_results(
         results[leases[int(ok["Id"])]] = (EntryResult.OK, "")
     for failed in response.get("Failed", []):
         code = error_code(failed.get("Code"))
-        kind = _kind(code, lost=LOST_LEASE_CODES)
+        message = failed.get("Message", "")
+        kind = _kind(code, message, lost=LOST_LEASE_CODES)
         lease = leases[int(failed["Id"])]
-        detail = without_receipt_handles(f"{code}: {failed.get('Message', '')}", [lease])
+        detail = without_receipt_handles(f"{code}: {message}", [lease])
         results[lease] = (kind, detail)
     return results
 
@@ -223,5 +250,12 @@ def without_receipt_handles(text: str, leases: Sequence[Lease]) -> str:
     return text
 
 
-def _kind(code: str, lost: frozenset[str]) -> EntryResult:
+def _kind(code: str, message: str | None, lost: frozenset[str]) -> EntryResult:
+    """What an error means: a visibility past the 12 hours, a code of ``lost``, or a retry.
+
+    The 12-hour refusal is read first: SQS gives it a code of the lost family
+    (``InvalidParameterValue``), but the receipt handle still holds the message.
+    """
+    if is_beyond_hold_limit(code, message):
+        return EntryResult.BEYOND_LIMIT
     return EntryResult.LOST if canonical_code(code) in lost else EntryResult.TRANSIENT

@@ -26,6 +26,7 @@ __all__ = [
     "SQS_MAX_MESSAGE_SIZE",
     "canonical_code",
     "error_code",
+    "is_beyond_hold_limit",
     "is_fifo",
 ]
 
@@ -58,10 +59,16 @@ SQS_MAX_IN_FLIGHT = 120_000
 
 #: Per-entry codes saying the receipt handle no longer holds the message: it was
 #: deleted, received again, or its visibility ran out (SQS words an expired handle as
-#: ``InvalidParameterValue``). Asking again cannot help.
+#: ``InvalidParameterValue``). Asking again cannot help. Except that SQS gives the same
+#: code to a visibility past its 12 hours: :func:`is_beyond_hold_limit` tells that apart.
 LOST_LEASE_CODES = frozenset(
     {"MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue"}
 )
+
+#: What SQS's refusal of a visibility past its 12 hours says, and no other of its errors:
+#: "Value 43200 for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout
+#: for the message is beyond the limit [43200 seconds]" (moto copies the wording).
+BEYOND_HOLD_LIMIT_WORDS = "beyond the limit"
 
 #: Whole-call codes saying the queue is gone: ``NonExistentQueue`` in the query protocol
 #: (and the JSON protocol's query-compatible header), ``QueueDoesNotExist`` as the JSON
@@ -113,6 +120,20 @@ def canonical_code(raw: str | None) -> str:
     else. Only for comparing: logs and counters keep the code as it came.
     """
     return error_code(raw).removesuffix("Exception")
+
+
+def is_beyond_hold_limit(code: str | None, message: str | None) -> bool:
+    """Whether SQS refused a visibility change as ending past 12 hours from the receive.
+
+    SQS answers that, and an expired receipt handle, with one code,
+    ``InvalidParameterValue``; only the message tells them apart. The difference matters:
+    an expired handle means the message may already be another worker's (a lost lease),
+    while this refusal leaves the handle good and only the visibility asked too long.
+    """
+    return (
+        canonical_code(code) == "InvalidParameterValue"
+        and BEYOND_HOLD_LIMIT_WORDS in (message or "").casefold()
+    )
 
 
 def is_fifo(queue_name: str) -> bool:

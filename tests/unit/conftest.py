@@ -14,6 +14,16 @@ from celery_sqs_heartbeat.leases import EntryResult, Lease, LeasePolicy
 #: The policy most tests use: 30-second leases, due 10 seconds before they run out.
 POLICY = LeasePolicy(visibility_timeout=30, threshold=10.0)
 
+#: SQS's refusal of a visibility change that would end more than 12 hours after the receive.
+BEYOND_THE_LIMIT = (
+    "Value 43200 for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout "
+    "for the message is beyond the limit [43200 seconds]"
+)
+#: SQS's answer, under the same code, for a receipt handle whose receive is over.
+EXPIRED_HANDLE = (
+    "Value AQEBxxxx for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired."
+)
+
 
 class FakeClock:
     """A clock that moves only when told to."""

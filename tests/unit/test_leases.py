@@ -329,6 +329,57 @@ def test_a_max_hold_beyond_12_hours_is_still_capped_by_sqs_limit() -> None:
     assert policy.hold_limit == HOLD_LIMIT
 
 
+@pytest.mark.parametrize(
+    ("received_at", "wanted", "now", "sent"),
+    [
+        (0, 600, 100, 600),  # well within the 12 hours: as asked
+        (0, 43_200, 1000, HOLD_LIMIT - 1000),  # a failure's backoff of 12 hours
+        (0, 43_140, 150, HOLD_LIMIT - 150),  # a park's longest hop, sent after its wait
+        (1000.5, 43_200, 1000.5, HOLD_LIMIT),  # whole seconds, never past the limit
+        (0, 600, HOLD_LIMIT - 0.5, 0),  # no whole second left
+        (0, 600, 50_000, 0),  # long past the 12 hours: visible now, never negative
+        (0, 0, 50_000, 0),
+    ],
+)
+def test_a_visibility_change_is_capped_at_sqs_12_hours_from_the_receive_less_the_margin(
+    received_at: float, wanted: int, now: float, sent: int
+) -> None:
+    lease = make_lease("q", received_at=received_at)
+
+    assert lease.capped_visibility(wanted, now) == sent
+
+
+def test_the_cap_ignores_visibility_extension_max_unless_asked_to_stop_sooner() -> None:
+    """``max_hold`` is how long the worker renews, not how long a release may hide."""
+    policy = LeasePolicy(visibility_timeout=30, threshold=10, max_hold=100)
+    lease = make_lease("q", policy=policy)
+
+    assert lease.capped_visibility(600, 50) == 600
+    assert lease.capped_visibility(30, 80, until=lease.hold_deadline) == 20
+
+
+def test_a_renewal_sqs_refuses_as_past_its_12_hours_is_capped_not_lost() -> None:
+    """SQS's clock started before ours: the lease is at its hold limit, by SQS's count."""
+    refused, renewed = make_lease("q", task_id="refused"), make_lease("q", task_id="renewed")
+    book = book_of(refused, renewed)
+    (batch,) = book.due_batches(20)
+
+    settlement = book.settle(
+        batch,
+        {
+            refused: (EntryResult.BEYOND_LIMIT, "InvalidParameterValue: beyond the limit"),
+            renewed: OK,
+        },
+        20.5,
+    )
+
+    assert settlement.capped == [refused]
+    assert settlement.lost == []
+    assert settlement.renewed == [(renewed, 30)]
+    assert refused.expires_at == 30  # the last renewal SQS took still holds
+    assert list(book) == [renewed]
+
+
 def test_take_exhausted_returns_due_leases_that_cannot_get_a_second() -> None:
     # Due half a second before its hold limit: no whole second is left to ask for.
     policy = LeasePolicy(visibility_timeout=30, threshold=0.5, max_hold=30)

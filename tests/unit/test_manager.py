@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from celery_sqs_heartbeat import manager as manager_module
+from celery_sqs_heartbeat import sqs as sqs_module
 from celery_sqs_heartbeat.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.manager import (
     BATCHES_PER_HOLD,
@@ -22,7 +23,7 @@ from celery_sqs_heartbeat.metrics import LeaseMetrics, process_metrics
 from celery_sqs_heartbeat.reporting import SUMMARY_INTERVAL
 from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT
 
-from .conftest import FakeClock, FakeQueue, make_lease
+from .conftest import BEYOND_THE_LIMIT, FakeClock, FakeQueue, make_lease
 
 MANAGER_LOGGER = "celery_sqs_heartbeat.manager"
 INTERVAL = 1.0
@@ -292,6 +293,143 @@ def test_an_exhausted_lease_warns_naming_the_task_and_is_not_renewed(
     assert "t-short" in warning
     assert "tasks.short" in warning
     assert len(manager) == 0
+
+
+# --- no visibility change past SQS's 12 hours ---------------------------------------------
+
+#: SQS's 12 hours from the receive, less the margin the receive's timestamp needs.
+LONGEST_HIDE = 43_200 - 60
+
+
+def infos_in(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == MANAGER_LOGGER and r.levelno == logging.INFO
+    ]
+
+
+class TwelveHoursUp(FakeQueue):
+    """Answers as SQS does once the 12 hours of a receive are up by its clock (not ours).
+
+    Every visibility but 0 is refused as beyond the limit, in SQS's words, read as
+    :class:`~celery_sqs_heartbeat.sqs.SQSQueue` reads them.
+    """
+
+    def change_visibility(self, entries: Any) -> Any:
+        super().change_visibility(entries)
+        leases = [lease for lease, _ in entries]
+        refusal = {"Code": "InvalidParameterValue", "Message": BEYOND_THE_LIMIT}
+        response = {
+            "Successful": [{"Id": str(i)} for i, (_, seconds) in enumerate(entries) if not seconds],
+            "Failed": [
+                {"Id": str(i), **refusal} for i, (_, seconds) in enumerate(entries) if seconds
+            ],
+        }
+        return sqs_module._entry_results(leases, response)
+
+
+def test_a_12_hour_backoff_is_cut_to_what_sqs_allows_after_the_receive(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    released: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lease = tracked(manager, queue, task_id="t-b", task_name="tasks.backoff")
+    for now in range(10, 1001, 10):  # the task ran for 1,000 s, its lease renewed
+        clock.now = now
+        manager.check()
+    renewals = len(queue.calls)
+
+    with caplog.at_level(logging.INFO, logger=MANAGER_LOGGER):
+        manager.release([(lease, 43_200)], "failure")
+        manager.check()
+
+    assert queue.calls[renewals:] == [[(lease, LONGEST_HIDE - 1000)]]
+    assert [signal["delay"] for signal in released] == [LONGEST_HIDE - 1000]
+    (note,) = infos_in(caplog)
+    assert "tasks.backoff[t-b]" in note
+    assert "43200" in note
+    assert str(LONGEST_HIDE - 1000) in note
+
+
+def test_a_park_sent_after_its_wait_for_company_is_cut_to_the_12_hours(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    """A 24-hour countdown parked for 43,140 s, sent 150 s after the receive."""
+    park = make_lease(queue, policy=LeasePolicy(visibility_timeout=300), task_id="t-p")
+
+    manager.release([(park, 43_140)], "parked", wait=150)
+    clock.now = 149
+    manager.check()
+    assert queue.calls == []
+    clock.now = 150
+    manager.check()
+
+    assert queue.calls == [[(park, LONGEST_HIDE - 150)]]
+
+
+def test_a_release_after_the_12_hours_makes_the_message_visible_now(
+    manager: VisibilityExtensionManager, clock: FakeClock, queue: FakeQueue
+) -> None:
+    late = make_lease(queue, task_id="late")
+    on_time = make_lease(queue, task_id="on-time", received_at=49_000)
+    clock.now = 50_000
+
+    manager.release([(late, 600), (on_time, 600)], "shutdown")
+    manager.check()
+
+    assert queue.calls == [[(late, 0), (on_time, 600)]]
+
+
+def test_a_renewal_sqs_refuses_as_past_the_12_hours_stops_renewing_and_is_not_lost(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    counters: LeaseMetrics,
+    lost: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = TwelveHoursUp()
+    tracked(counted, queue, task_id="t-old", task_name="tasks.old")
+
+    with caplog.at_level(logging.WARNING, logger=MANAGER_LOGGER):
+        for now in range(20, 200):
+            clock.now = now
+            counted.check()
+
+    assert len(queue.calls) == 1
+    assert lost == []
+    assert counters.snapshot().leases_lost == 0
+    (warning,) = warnings_in(caplog)
+    assert "Stopped renewing" in warning
+    assert "tasks.old[t-old]" in warning
+    assert len(counted) == 0
+
+
+def test_a_release_sqs_refuses_as_past_the_12_hours_is_sent_again_as_visible_now(
+    counted: VisibilityExtensionManager,
+    counters: LeaseMetrics,
+    lost: list[dict[str, Any]],
+    released: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = TwelveHoursUp()
+    lease = tracked(counted, queue, task_id="t-r", task_name="tasks.rel")
+
+    with caplog.at_level(logging.INFO, logger=MANAGER_LOGGER):
+        counted.release([(lease, 600)], "failure")
+        counted.check()
+        counted.check()
+
+    assert queue.calls == [[(lease, 600)], [(lease, 0)]]
+    assert [(signal["task_id"], signal["delay"]) for signal in released] == [("t-r", 0)]
+    assert lost == []
+    assert counters.snapshot().leases_lost == 0
+    assert warnings_in(caplog) == []
+    (note,) = infos_in(caplog)
+    assert "tasks.rel[t-r]" in note
+    assert counted.flush(0) == 0
 
 
 # --- acks and releases racing a renewal ---------------------------------------------------

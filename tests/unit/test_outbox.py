@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from celery_sqs_heartbeat.leases import EntryResult, Lease
 from celery_sqs_heartbeat.outbox import (
     DELETED_MEMORY,
@@ -177,6 +179,37 @@ def test_an_invalid_receipt_handle_is_lost_and_never_retried() -> None:
     assert len(outbox) == 0
 
 
+def test_a_release_refused_as_past_the_12_hours_goes_out_again_at_once_with_no_delay() -> None:
+    """Better visible now than hidden by a decision SQS will not carry out."""
+    release = Outgoing(make_lease("q"), Request.RELEASE, delay=600, reason="failure")
+    outbox = filled([release], due_at=0)
+    (batch,) = outbox.due_batches(0)
+
+    settlement = outbox.settle(
+        batch, answer(batch, EntryResult.BEYOND_LIMIT, "InvalidParameterValue: beyond"), 0.2
+    )
+
+    assert settlement.beyond_limit == [(release, "InvalidParameterValue: beyond")]
+    assert settlement.lost == settlement.abandoned == settlement.retried == []
+    assert settlement.ended() == []
+    (again,) = outbox.due_batches(0.2)
+    assert again.entries == (release,)
+    assert release.delay == 0
+
+
+def test_a_release_refused_as_past_the_12_hours_with_no_delay_is_given_up_not_lost() -> None:
+    """The lease is over by SQS's clock: the message is visible again, or nearly."""
+    release = Outgoing(make_lease("q"), Request.RELEASE, delay=0, reason="failure")
+    outbox = filled([release], due_at=0)
+    (batch,) = outbox.due_batches(0)
+
+    settlement = outbox.settle(batch, answer(batch, EntryResult.BEYOND_LIMIT, "beyond"), 0.2)
+
+    assert settlement.abandoned == [(release, "beyond")]
+    assert settlement.lost == []
+    assert len(outbox) == 0
+
+
 def test_an_entry_missing_from_the_answer_counts_as_a_transient_failure() -> None:
     (item,) = deletes("q", 1)
     outbox = filled([item], due_at=0)
@@ -187,7 +220,7 @@ def test_an_entry_missing_from_the_answer_counts_as_a_transient_failure() -> Non
     assert settlement.retried == [(item, "no answer")]
 
 
-def test_flushing_sends_everything_not_tried_yet_but_waits_for_retries() -> None:
+def test_hurrying_sends_everything_not_tried_yet_but_waits_for_retries() -> None:
     fresh = deletes("q", 2)
     (failed,) = deletes("q2", 1, prefix="f")
     outbox = filled([failed], due_at=0)
@@ -196,11 +229,12 @@ def test_flushing_sends_everything_not_tried_yet_but_waits_for_retries() -> None
     for item in fresh:
         outbox.add(item, 0.6)
 
-    assert outbox.next_due(flushing=True) == float("-inf")
-    (sent,) = outbox.due_batches(0.2, flushing=True)
+    outbox.hurry(0.2)
+    assert outbox.next_due() == 0.2
+    (sent,) = outbox.due_batches(0.2)
 
     assert list(sent.entries) == fresh
-    assert outbox.next_due(flushing=True) == 1.1
+    assert outbox.next_due() == 1.1
 
 
 def received_again(item: Outgoing, handle: str, received_at: float) -> Lease:
@@ -271,15 +305,33 @@ def test_a_confirmed_delete_is_forgotten_after_a_minute() -> None:
     assert outbox.redirect_delete(received_again(second, "rh-y", later), later) is second.lease
 
 
-def test_no_redirect_for_a_failed_delete_another_queue_or_a_message_never_deleted() -> None:
-    lost, other = deletes("q", 2)
-    lost.lease.message_id, other.lease.message_id = "m-1", "m-2"
-    outbox = filled([lost, other], due_at=0)
+@pytest.mark.parametrize("outcome", [EntryResult.LOST, EntryResult.TRANSIENT])
+def test_a_delete_given_up_still_deletes_a_new_receive_of_its_message(
+    outcome: EntryResult,
+) -> None:
+    """Issue 24: an ack in an outage longer than the lease could not be deleted; the
+    message came back to this worker after the outage and ran again."""
+    (item,) = deletes("q", 1)
+    item.lease.message_id = "m-1"
+    outbox = filled([item], due_at=0)
     (batch,) = outbox.due_batches(0)
-    answers = {lost.lease: (EntryResult.LOST, "gone"), other.lease: (EntryResult.OK, "")}
-    outbox.settle(batch, answers, 0.1)
+    given_up_at = item.lease.expires_at + 1  # past its lease: a failure is not retried
+    settlement = outbox.settle(batch, answer(batch, outcome), given_up_at)
+    assert not settlement.retried and not settlement.done
 
-    assert outbox.redirect_delete(received_again(lost, "rh-x", 0.2), 0.2) is None
+    newer = received_again(item, "rh-after-the-outage", given_up_at + 5)
+    assert outbox.redirect_delete(newer, given_up_at + 5) is item.lease
+    (again,) = outbox.due_batches(given_up_at + 5)
+    assert [i.lease for i in again.entries] == [newer]
+
+
+def test_no_redirect_for_another_queue_or_a_message_never_deleted() -> None:
+    (other,) = deletes("q", 1)
+    other.lease.message_id = "m-2"
+    outbox = filled([other], due_at=0)
+    (batch,) = outbox.due_batches(0)
+    outbox.settle(batch, answer(batch, EntryResult.OK), 0.1)
+
     elsewhere = make_lease("another-queue", receipt_handle="rh-y")
     elsewhere.message_id = "m-2"
     assert outbox.redirect_delete(elsewhere, 0.2) is None

@@ -25,7 +25,7 @@ from celery_sqs_heartbeat.sqs import (
     renewal_client,
 )
 
-from .conftest import make_lease
+from .conftest import BEYOND_THE_LIMIT, EXPIRED_HANDLE, make_lease
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
 OPERATION = "change_message_visibility_batch"
@@ -190,6 +190,54 @@ def test_an_error_quoting_the_receipt_handle_shows_only_its_first_characters(
     )
 
 
+def refused(entry_id: str, code: str, message: str) -> dict[str, Any]:
+    return {"Id": entry_id, "SenderFault": True, "Code": code, "Message": message}
+
+
+@pytest.mark.parametrize("code", ["InvalidParameterValue", "InvalidParameterValueException"])
+def test_an_entry_refused_as_past_the_12_hours_is_beyond_the_limit_not_lost(
+    stub: Stubber, sqs_queue: SQSQueue, code: str
+) -> None:
+    ok, late = leases(2)
+    entries = [(ok, 30), (late, 43_200)]
+    stub.add_response(
+        OPERATION,
+        {"Successful": [{"Id": "0"}], "Failed": [refused("1", code, BEYOND_THE_LIMIT)]},
+        request_for(entries),
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert results[ok] == (EntryResult.OK, "")
+    kind, reason = results[late]
+    assert kind is not EntryResult.LOST
+    assert kind is EntryResult.BEYOND_LIMIT
+    assert reason == f"{code}: {BEYOND_THE_LIMIT}"
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("InvalidParameterValue", EXPIRED_HANDLE),
+        ("ReceiptHandleIsInvalid", "The input receipt handle is invalid."),
+        ("MessageNotInflight", "Message does not exist or is not available for visibility."),
+    ],
+)
+def test_a_stale_handle_is_still_lost_whatever_the_code_shares_with_the_limit(
+    stub: Stubber, sqs_queue: SQSQueue, code: str, message: str
+) -> None:
+    (gone,) = leases(1)
+    stub.add_response(
+        OPERATION,
+        {"Successful": [], "Failed": [refused("0", code, message)]},
+        request_for([(gone, 30)]),
+    )
+
+    kind, _ = sqs_queue.change_visibility([(gone, 30)])[gone]
+
+    assert kind is EntryResult.LOST
+
+
 # --- whole-call failures --------------------------------------------------------------------
 
 
@@ -215,6 +263,41 @@ def test_a_failed_call_is_transient_for_every_entry(
     for kind, reason in results.values():
         assert kind is EntryResult.TRANSIENT
         assert code in reason
+
+
+def test_a_call_refused_whole_as_past_the_12_hours_is_beyond_the_limit_for_each_entry(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    entries = [(lease, 43_200) for lease in leases(2)]
+    stub.add_client_error(
+        OPERATION,
+        service_error_code="InvalidParameterValue",
+        service_message=BEYOND_THE_LIMIT,
+        http_status_code=400,
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    kinds = {kind for kind, _ in results.values()}
+    assert EntryResult.TRANSIENT not in kinds
+    assert kinds == {EntryResult.BEYOND_LIMIT}
+    assert all(BEYOND_THE_LIMIT in reason for _, reason in results.values())
+
+
+def test_a_call_refused_whole_for_another_invalid_parameter_is_still_transient(
+    stub: Stubber, sqs_queue: SQSQueue
+) -> None:
+    entries = [(lease, 30) for lease in leases(2)]
+    stub.add_client_error(
+        OPERATION,
+        service_error_code="InvalidParameterValue",
+        service_message="Value 50000 for parameter VisibilityTimeout is invalid.",
+        http_status_code=400,
+    )
+
+    results = sqs_queue.change_visibility(entries)
+
+    assert {kind for kind, _ in results.values()} == {EntryResult.TRANSIENT}
 
 
 @pytest.mark.parametrize("code", ["QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"])

@@ -11,8 +11,11 @@ from celery_sqs_heartbeat.sqs_facts import (
     QUEUE_MISSING_CODES,
     canonical_code,
     error_code,
+    is_beyond_hold_limit,
     is_fifo,
 )
+
+from .conftest import BEYOND_THE_LIMIT, EXPIRED_HANDLE
 
 FAMILIES = {
     "lost lease": LOST_LEASE_CODES,
@@ -74,3 +77,24 @@ def test_dropping_the_suffix_moves_no_modelled_sqs_code_into_a_family() -> None:
 )
 def test_a_fifo_queue_is_told_by_its_name(name: str, fifo: bool) -> None:
     assert is_fifo(name) is fifo
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "beyond"),
+    [
+        ("InvalidParameterValue", BEYOND_THE_LIMIT, True),
+        ("AWS.SimpleQueueService.InvalidParameterValue", BEYOND_THE_LIMIT, True),
+        # LocalStack's spelling of the code.
+        ("InvalidParameterValueException", BEYOND_THE_LIMIT, True),
+        ("InvalidParameterValue", EXPIRED_HANDLE, False),
+        ("InvalidParameterValue", "", False),
+        ("InvalidParameterValue", None, False),
+        ("ReceiptHandleIsInvalid", "The input receipt handle is invalid.", False),
+        ("MessageNotInflight", BEYOND_THE_LIMIT, False),
+        (None, BEYOND_THE_LIMIT, False),
+    ],
+)
+def test_only_sqs_refusal_past_its_12_hours_reads_as_beyond_the_hold_limit(
+    code: str | None, message: str | None, beyond: bool
+) -> None:
+    assert is_beyond_hold_limit(code, message) is beyond
