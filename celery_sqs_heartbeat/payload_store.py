@@ -9,6 +9,8 @@ stack, such as the project's strict server or LocalStack, serves S3 beside SQS).
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import weakref
 from collections import defaultdict
@@ -59,6 +61,38 @@ _clients_lock = threading.Lock()
 _objects: weakref.WeakKeyDictionary[Lease, S3Pointer] = weakref.WeakKeyDictionary()
 _objects_lock = threading.Lock()
 _deletes = FailureStreak()
+
+#: Objects whose messages SQS confirmed deleted, waiting for the one thread that
+#: deletes them (:func:`_delete_objects_in_turn`), started on first use.
+ObjectDeletes = queue.SimpleQueue[tuple[Callable[[], BaseClient], list[S3Pointer]]]
+_object_deletes: ObjectDeletes = queue.SimpleQueue()
+_deleter: threading.Thread | None = None
+
+
+def _reset_at_fork() -> None:
+    """Reset at fork: a child starts with no S3 client, no object to delete, new locks.
+
+    A child has only the thread that forked. One of the parent's other threads may hold
+    a lock at the fork, making an S3 client or noting an object: the child, a prefork
+    pool process (a replaced one, ``max_tasks_per_child``), would wait on it for ever at
+    its first offload. A client made in the parent shares its connection pools, sockets
+    and all, with the child. The objects are those of the parent's messages, the
+    parent's to delete, as the leases are the parent's to renew (the shared manager is
+    reset at fork too); the delete failures the parent is counting are its own.
+    """
+    global _s3_clients, _clients_lock, _objects, _objects_lock, _deletes
+    global _object_deletes, _deleter
+    _s3_clients = weakref.WeakKeyDictionary()
+    _clients_lock = threading.Lock()
+    _objects = weakref.WeakKeyDictionary()
+    _objects_lock = threading.Lock()
+    _deletes = FailureStreak()
+    _object_deletes = queue.SimpleQueue()
+    _deleter = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_at_fork)
 
 
 class PayloadUnavailable(Exception):
@@ -139,18 +173,43 @@ class PayloadStore:
 def delete_objects_of(client_source: Callable[[], BaseClient], leases: Iterable[Lease]) -> None:
     """SQS confirmed these deletes: their messages' objects go, in DeleteObjects calls.
 
-    Never before: a message released, dead-lettered or lost keeps its object. A failure
-    is logged once per streak and left: a bucket lifecycle rule removes what was not
-    deleted (README).
+    Never before: a message released, dead-lettered or lost keeps its object. Returns at
+    once: the calls are made on a thread of their own, in turn, because this runs in the
+    SQS delete's call slot, and a slow S3 must not hold the slots SQS's deletes need. A
+    failure is logged once per streak and left: a bucket lifecycle rule removes what was
+    not deleted (README), as it does what a process ending meanwhile leaves.
     """
+    global _deleter
     with _objects_lock:
         pointers = [p for lease in leases if (p := _objects.pop(lease, None))]
-    if not pointers:
-        return
-    sqs_client = client_source()
-    for bucket, keys in _by_bucket(pointers).items():
-        for start in range(0, len(keys), S3_DELETE_BATCH):
-            _delete_objects(sqs_client, bucket, keys[start : start + S3_DELETE_BATCH])
+        if not pointers:
+            return
+        _object_deletes.put((client_source, pointers))
+        if _deleter is None:
+            _deleter = threading.Thread(
+                target=_delete_objects_in_turn,
+                args=(_object_deletes,),
+                name="celery-sqs-heartbeat-s3-deletes",
+                daemon=True,
+            )
+            _deleter.start()
+
+
+def _delete_objects_in_turn(waiting: ObjectDeletes) -> None:
+    """The deleting thread: one batch after another, for as long as the process lives.
+
+    An error nobody foresaw (S3's and the network's are handled per call) is logged and
+    the thread goes on: the objects stay for the lifecycle rule.
+    """
+    while True:
+        client_source, pointers = waiting.get()
+        try:
+            sqs_client = client_source()
+            for bucket, keys in _by_bucket(pointers).items():
+                for start in range(0, len(keys), S3_DELETE_BATCH):
+                    _delete_objects(sqs_client, bucket, keys[start : start + S3_DELETE_BATCH])
+        except Exception:
+            logger.exception("Deleting %d S3 object(s) of deleted messages failed", len(pointers))
 
 
 def _delete_objects(sqs_client: BaseClient, bucket: str, keys: Sequence[str]) -> None:

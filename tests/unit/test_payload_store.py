@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from celery_sqs_heartbeat import payload_store
 from celery_sqs_heartbeat.payload_options import LargePayloadOptions
-from celery_sqs_heartbeat.payload_store import PayloadStore, _s3_endpoint
-from celery_sqs_heartbeat.payloads import pointer_in
+from celery_sqs_heartbeat.payload_store import PayloadStore, _s3_endpoint, delete_objects_of
+from celery_sqs_heartbeat.payloads import S3Pointer, pointer_in
+
+from .conftest import make_lease
 
 
 class FakeS3:
@@ -79,3 +82,41 @@ def test_without_a_bucket_nothing_is_offloaded(s3: FakeS3) -> None:
     PayloadStore(None).offload(object(), params)  # type: ignore[arg-type]
     assert params == {"MessageBody": "x" * 2_000_000}
     assert s3.puts == []
+
+
+class SlowS3:
+    """An S3 whose DeleteObjects answers only when told to."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.answer = threading.Event()
+        self.deleted = threading.Event()
+        self.keys: list[str] = []
+
+    def delete_objects(self, **request: Any) -> dict[str, Any]:
+        self.called.set()
+        self.answer.wait(30)
+        self.keys += [entry["Key"] for entry in request["Delete"]["Objects"]]
+        self.deleted.set()
+        return {}
+
+
+def test_the_objects_of_deleted_messages_go_without_holding_the_sqs_delete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 9: the DeleteObjects call ran inside the SQS delete's call slot, so
+    a slow S3 held the slots SQS's deletes need."""
+    s3 = SlowS3()
+    monkeypatch.setattr(payload_store, "s3_client", lambda _: s3)
+    lease = make_lease("jobs")
+    PayloadStore(LargePayloadOptions("tasks")).remember(lease, S3Pointer("tasks", "k-1"))
+
+    deleting = threading.Thread(target=delete_objects_of, args=(lambda: object(), [lease]))
+    deleting.start()
+    deleting.join(5)
+    returned_at_once = not deleting.is_alive()
+    s3.answer.set()
+
+    assert returned_at_once
+    assert s3.deleted.wait(5)
+    assert s3.keys == ["k-1"]
