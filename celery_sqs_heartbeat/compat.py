@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from importlib.util import find_spec
 from queue import Empty
@@ -69,6 +69,7 @@ __all__ = [
     "LoopWaker",
     "SQSChannel",
     "UndefinedQueueException",
+    "backoff_policy_of",
     "call_soon_waking",
     "is_backoff_task",
 ]
@@ -190,17 +191,26 @@ class SQSChannel(SQS.Channel):
 
 
 def is_backoff_task(qos: Any, delivery_tag: str) -> bool:
-    """Whether a predefined queue's ``backoff_policy`` retries this delivery's task.
+    """Whether a predefined queue's ``backoff_policy`` retries this delivery's task."""
+    return backoff_policy_of(qos, delivery_tag) is not None
 
-    kombu then changes the message's visibility itself when it is rejected, so the
-    transport must not release it too.
+
+def backoff_policy_of(qos: Any, delivery_tag: str) -> Mapping[int, int] | None:
+    """The ``backoff_policy`` (receive count to seconds) that retries this delivery's task.
+
+    None unless a predefined queue gives one for the task (``backoff_tasks``). kombu
+    would set the visibility itself when the message is rejected, synchronously and by
+    the delivery's first receipt handle; the transport sends it through the manager
+    instead.
     """
     routing_key, message, backoff_tasks, backoff_policy = (
         qos._extract_backoff_policy_configuration_and_message(delivery_tag)
     )
     if not (routing_key and message and backoff_tasks and backoff_policy):
-        return False
-    return (message.headers or {}).get("task") in backoff_tasks
+        return None
+    if (message.headers or {}).get("task") not in backoff_tasks:
+        return None
+    return cast(Mapping[int, int], backoff_policy)
 
 
 def call_soon_waking(hub: Hub, callback: Callable[..., Any], *args: Any) -> None:

@@ -1,10 +1,10 @@
-"""The receive's first step: tasks whose ETA is far away are parked in SQS, not delivered.
+"""The receive's park step: tasks whose ETA is far away are hidden again in SQS.
 
-A parked message never becomes a lease: it is hidden again by a visibility change that
-waits in the manager's outbox with the acks and releases (for up to half its receive's
-lease, ten to a ``ChangeMessageVisibilityBatch`` call), and then nothing of it is left
-in the worker.
-What to park, and for how long, is :mod:`celery_sqs_heartbeat.parking`'s decision.
+A parked message's lease, born at the receive, ends at once: the message is hidden again
+by a visibility change that waits in the manager's outbox with the acks and releases
+(for up to half its receive's lease, ten to a ``ChangeMessageVisibilityBatch`` call),
+and then nothing of it is left in the worker. What to park, and for how long, is
+:mod:`celery_sqs_heartbeat.parking`'s decision; this module acts on it.
 
 A FIFO queue's parked message holds its message group, as a held one does: SQS gives out
 no later message of the group while one is in flight, visible or not.
@@ -14,7 +14,6 @@ dead-letter queue, a task that was received before is not hidden again but sent 
 a fresh copy (same body, so same task id and headers; SQS counts it from 1), and the
 original deleted once SQS confirmed the copy. A worker that dies between the two leaves
 both: the original comes back after its lease, is copied again, and the task runs twice.
-
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from queue import Empty
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -32,100 +30,72 @@ from .leases import EntryResult, Lease, LeasePolicy
 from .manager import VisibilityExtensionManager
 from .options import HeartbeatOptions
 from .parking import PARK_WAIT_SHARE, ParkingPolicy, read_due
-from .receive_loop import ReceivingChannel
-from .redelivery import receive_count
+from .receive_steps import Received
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
-__all__ = ["ParkingChannel"]
+__all__ = ["Parker"]
 
 logger = get_logger(__name__)
 
+WallClock = Callable[[], float]
 
-class ParkingChannel(ReceivingChannel):
-    """kombu's SQS channel that hides far-ETA tasks again at the receive."""
 
-    options: HeartbeatOptions
-    manager: VisibilityExtensionManager
-    lease_policy: LeasePolicy
+class Parker:
+    """Parks one channel's far-ETA tasks; remembers each queue's redrive policy."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        options: HeartbeatOptions,
+        manager: VisibilityExtensionManager,
+        lease_policy: LeasePolicy,
+        wall_clock: WallClock = time.time,
+    ) -> None:
+        self.options = options
+        self.manager = manager
+        self.lease_policy = lease_policy
+        #: ETAs are wall-clock instants, which every worker must read the same way.
+        self._wall_clock = wall_clock
         #: Whether each queue has a redrive policy, by URL, read at its first copy.
         self._redrive: dict[str, bool] = {}
-        #: Messages the receive being handled parked: it brought messages all the same.
-        self._parked_by_receive = 0
 
-    def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
-        """kombu polls again at once after a receive that brought messages, else only
-        ``polling_interval`` later: parked messages count, or a burst of countdown tasks
-        would be parked ten a second."""
-        parked, self._parked_by_receive = self._parked_by_receive, 0
-        return super()._on_messages_ready(queue, qname, messages) or parked
-
-    def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        """The blocking receive (gevent, eventlet): one that only parked receives again.
-
-        kombu raises Empty when a receive delivers nothing, and its transport then waits
-        ``polling_interval``: the same ten a second for a burst of countdown tasks.
-        """
-        while True:
-            self._parked_by_receive = 0
-            try:
-                return super()._get_bulk(queue, *args, **kwargs)
-            except Empty:
-                if not self._parked_by_receive:
-                    raise
-
-    def _unparked(self, received: list[dict[str, Any]], queue: SQSQueue) -> list[dict[str, Any]]:
-        """The received messages to deliver; the others are parked until near their ETA."""
+    def park(self, batch: list[Received], queue: SQSQueue) -> tuple[list[Received], int]:
+        """The messages to deliver, and how many were parked until near their ETA."""
         if not self.options.eta_parking:
-            return received
+            return batch, 0
         policy = ParkingPolicy(self.options.eta_parking_threshold, self.lease_policy.hold_limit)
-        now, received_at = time.time(), self.manager.clock()
+        now = self._wall_clock()
         wait = self.options.visibility_timeout * PARK_WAIT_SHARE
-        delivered: list[dict[str, Any]] = []
+        staying: list[Received] = []
         parked: list[tuple[Lease, int]] = []
         copies: list[tuple[Lease, str, int]] = []
-        for sqs_message in received:
-            handle = sqs_message.get("ReceiptHandle")
-            due = read_due(sqs_message.get("Body") or "") if handle else None
+        for received in batch:
+            lease = received.lease
+            due = read_due(received.message.get("Body") or "") if lease else None
             hide = policy.hide_for(due, now, wait)
-            count = receive_count(sqs_message.get("Attributes") or {})
-            copy = policy.fresh_copy_delay(due, hide, count, now)
+            if lease is None or due is None or hide is None:
+                staying.append(received)
+                continue
+            copy = policy.fresh_copy_delay(due, hide, lease.receive_count, now)
             if copy is not None and not self._counts_receives(queue):
                 copy = None
-            hide = hide if copy is None else copy
-            if due is None or hide is None or not handle:
-                delivered.append(sqs_message)
-                continue
-            lease = Lease(
-                receipt_handle=handle,
-                queue=queue,
-                policy=self.lease_policy,
-                received_at=received_at,
-                task_id=due.task_id,
-                task_name=due.task_name,
-                message_id=sqs_message.get("MessageId"),
-                receive_count=count,
-            )
+            lease.task_id, lease.task_name = due.task_id, due.task_name
             if copy is None:
                 parked.append((lease, hide))
             else:
-                copies.append((lease, sqs_message["Body"], copy))
+                copies.append((lease, received.message["Body"], copy))
             logger.info(
                 "Parking %s in SQS for %d s%s: its ETA is %.0f s away",
                 lease.describe(),
-                hide,
-                "" if copy is None else f" as a fresh copy (receive {count})",
+                hide if copy is None else copy,
+                "" if copy is None else f" as a fresh copy (receive {lease.receive_count})",
                 (due.eta or now) - now,
             )
-        self._parked_by_receive = len(parked) + len(copies)
         if parked:
             self.manager.release(parked, "parked", wait)
         if copies:
             _start(self._send_fresh_copies, queue, copies)
-        return delivered
+        return staying, len(parked) + len(copies)
 
     def _counts_receives(self, queue: SQSQueue) -> bool:
         """Whether receives move the queue's messages to a dead-letter queue.
@@ -153,7 +123,7 @@ class ParkingChannel(ReceivingChannel):
         """Send the copies; delete each original only once SQS confirmed its copy.
 
         An original whose copy failed is parked as it is instead, to be copied at its
-        next receive.
+        next receive. Until then its lease, born at the receive, is renewed.
         """
         results = queue.send_copies(copies)
         wait = self.options.ack_batch_interval

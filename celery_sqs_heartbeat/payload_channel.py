@@ -6,15 +6,15 @@ client; a botocore hook on that client's SendMessage
 (:meth:`~celery_sqs_heartbeat.payload_store.PayloadStore.offload`) moves a large body to
 S3 and sends the pointer instead. Smaller messages are not touched.
 
-Receiving: a pointer is replaced by its object's body before kombu decodes the message,
-and after the lease was born, so the lease covers the S3 read.
+Receiving (step 2 of :mod:`celery_sqs_heartbeat.receive_steps`): a pointer is replaced
+by its object's body after the lease was born, so the lease covers the S3 read, and
+before anything reads the task's headers (parking reads its ETA) or kombu decodes it.
 
 - On the event loop (prefork, threads, solo), the objects of a batch are read on a
-  thread of its own, and the batch is handed to kombu on the loop once they are, so the
-  loop never waits for S3. Meanwhile the loop goes on receiving, and the messages being
-  read count against the prefetch window (:class:`ReadingQoS`).
-- On the blocking path (gevent, eventlet), the read is made where kombu turns the batch
-  into messages, after the leases were taken.
+  thread of its own, and the batch goes on on the loop once they are, so the loop never
+  waits for S3. Meanwhile the loop goes on receiving, and the messages being read count
+  against the prefetch window (:class:`ReadingQoS`).
+- On the blocking path (gevent, eventlet), the read is made inline, as the answer arrives.
 
 A message whose object cannot be read is released with a backoff that grows with its
 receive count, so a redrive policy ends the retries of an object gone for good.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from queue import Empty
 from typing import TYPE_CHECKING, Any, cast
 
 from botocore.client import BaseClient
@@ -37,9 +36,9 @@ from .compat import LoopWaker
 from .payload_store import PayloadStore, PayloadUnavailable
 from .payloads import S3Pointer, pointer_in, unavailable_release_delay
 from .receive_loop import ReceivingChannel
+from .receive_steps import Received
 
 if TYPE_CHECKING:
-    from .lease_table import LeaseTable
     from .leases import Lease
     from .manager import VisibilityExtensionManager
 
@@ -66,19 +65,16 @@ class ReadingQoS(SQS.QoS):
 
 
 class PayloadChannel(ReceivingChannel):
-    """Large bodies through S3, on the channel's send and both of its receive paths."""
+    """Large bodies through S3: the send hook, and step 2 of a receive on both paths."""
 
-    # The lease-holding channel built on this one (celery_sqs_heartbeat.transport.Channel).
-    lease_table: LeaseTable
     manager: VisibilityExtensionManager
-    _release_unclaimed: Callable[[], None]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Received messages whose batch waits for its reads: they count against the
-        #: prefetch window (:class:`ReadingQoS`) until they are handed to kombu.
+        #: Received messages whose batch waits off the loop (a confirmation, S3 reads): they
+        #: count against the prefetch window (:class:`ReadingQoS`) until they are handed on.
         self.messages_reading = 0
-        #: Their leases, set aside from the lease table until the batch is handed over.
+        #: Their leases: released if the channel closes before the batch is back.
         self._leases_reading: set[Lease] = set()
 
     @cached_property
@@ -97,59 +93,71 @@ class PayloadChannel(ReceivingChannel):
             )
         return client
 
-    def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
-        """The asynchronous receive: a batch with pointers waits for its reads, off the loop.
-
-        Its leases, born already, are set aside meanwhile, so that the channel does not
-        take them for messages no consumer claimed.
-        """
-        received = messages.get("Messages") or []
-        pointers = self._pointers(received)
-        if not pointers or qname not in self.connection._callbacks:
-            return super()._on_messages_ready(queue, qname, messages)
+    def _read_bodies_now(self, batch: list[Received], queue_name: str) -> list[Received]:
+        """Step 2 on the blocking path: the batch with its bodies read, inline."""
+        pointers = _pointers(batch)
+        if not pointers:
+            return batch
         store = self.payloads
-        leases = {lease.receipt_handle: lease for lease in self.lease_table.take_unclaimed()}
-        client = self.sqs(queue=self.canonical_queue_name(qname))
-        waker = LoopWaker.of(cast(Hub, self.hub))
-        self.messages_reading += len(received)
-        self._leases_reading.update(leases.values())
+        client = self.sqs(queue=self.canonical_queue_name(queue_name))
+        reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
+        return self._settle_reads(batch, pointers, reads)
 
-        def read() -> None:
-            reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
-            waker.call_soon(self._objects_read, queue, qname, received, pointers, leases, reads)
-
-        threading.Thread(target=read, name="celery-sqs-heartbeat-s3-read", daemon=True).start()
-        return len(received)
-
-    def _objects_read(
+    def _off_the_loop(
         self,
-        queue: str,
-        qname: str,
-        received: list[dict[str, Any]],
+        batch: list[Received],
+        queue_name: str,
+        confirm: Callable[[list[Received]], list[Received]],
+        then: Callable[[list[Received]], Any],
+    ) -> bool:
+        """The steps that wait for SQS or S3, on a thread; then ``then(batch)`` on the loop.
+
+        ``confirm`` renews the leases of an answer read late (step 1), then the bodies
+        are read from S3 (step 2). False if neither is needed: the caller goes on at once.
+        Meanwhile the loop goes on receiving, and the batch counts against the prefetch
+        window.
+        """
+        if not _pointers(batch) and not any(received.unconfirmed for received in batch):
+            return False
+        store = self.payloads
+        client = self.sqs(queue=self.canonical_queue_name(queue_name))
+        waker = LoopWaker.of(cast(Hub, self.hub))
+        leases = {received.lease for received in batch if received.lease is not None}
+        self.messages_reading += len(batch)
+        self._leases_reading.update(leases)
+
+        def work() -> None:
+            kept = confirm(batch)
+            pointers = _pointers(kept)
+            reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
+            waker.call_soon(self._back_on_the_loop, batch, kept, pointers, reads, then)
+
+        threading.Thread(target=work, name="celery-sqs-heartbeat-receive", daemon=True).start()
+        return True
+
+    def _back_on_the_loop(
+        self,
+        batch: list[Received],
+        kept: list[Received],
         pointers: dict[int, S3Pointer],
-        leases: dict[str, Lease],
         reads: Reads,
+        then: Callable[[list[Received]], Any],
     ) -> None:
-        """On the loop: hand the batch to kombu, as if it had just arrived."""
-        self.messages_reading -= len(received)
-        self._leases_reading.difference_update(leases.values())
-        readable: list[dict[str, Any]] = []
+        """On the loop: the batch goes on, less what the channel's close released.
+
+        The batch no longer counts against the prefetch window: what of it was not
+        delivered (unconfirmed, unreadable, parked) leaves room, which may wake a
+        waiting receive.
+        """
+        self.messages_reading -= len(batch)
+        self._leases_reading.difference_update(
+            received.lease for received in batch if received.lease is not None
+        )
+        readable = self._settle_reads(kept, pointers, reads)
         try:
-            readable = self._settle_reads(received, pointers, reads, leases.get)
-            for message in list(readable):
-                lease = leases.get(message.get("ReceiptHandle") or "")
-                if lease is None:
-                    continue
-                if lease.ended:
-                    # Released at the channel's close while its body was being read.
-                    readable.remove(message)
-                else:
-                    self.lease_table.admit(lease)
-            if not self.closed and qname in self.connection._callbacks:
-                super()._on_messages_ready(queue, qname, {"Messages": readable})
+            then([r for r in readable if r.lease is None or not r.lease.ended])
         finally:
-            self._release_unclaimed()
-            if len(readable) < len(received) and not self.closed:
+            if not self.closed:
                 self.prefetch_room_freed()
 
     def close(self) -> None:
@@ -160,56 +168,41 @@ class PayloadChannel(ReceivingChannel):
         super().close()
 
     def _settle_reads(
-        self,
-        received: list[dict[str, Any]],
-        pointers: dict[int, S3Pointer],
-        reads: Reads,
-        lease_of: Callable[[str], Lease | None],
-    ) -> list[dict[str, Any]]:
-        """The messages with their bodies; those whose object could not be read released."""
-        readable: list[dict[str, Any]] = []
+        self, batch: list[Received], pointers: dict[int, S3Pointer], reads: Reads
+    ) -> list[Received]:
+        """The messages with their bodies; those whose object could not be read released.
+
+        Released with a backoff that grows with the receive count, so that a redrive
+        policy ends the retries of an object gone for good. One without a lease comes
+        back when its visibility timeout ends.
+        """
+        readable: list[Received] = []
         unreadable: list[Lease] = []
-        for index, message in enumerate(received):
-            lease = lease_of(message.get("ReceiptHandle") or "")
+        for index, received in enumerate(batch):
             outcome = reads.get(index)
             if isinstance(outcome, PayloadUnavailable):
-                if lease is not None:
-                    # Released here, with its backoff: not as a message never delivered.
-                    self.lease_table.take_received(lease.receipt_handle)
-                    unreadable.append(lease)
+                if received.lease is not None:
+                    unreadable.append(received.lease)
                 continue
             if outcome is not None:
-                message["Body"] = outcome
-                if lease is not None:
-                    self.payloads.remember(lease, pointers[index])
-            readable.append(message)
-        self._release_unreadable(unreadable)
-        return readable
-
-    def _release_unreadable(self, leases: list[Lease]) -> None:
-        if leases:
+                received.message["Body"] = outcome
+                if received.lease is not None:
+                    self.payloads.remember(received.lease, pointers[index])
+            readable.append(received)
+        if unreadable:
             self.manager.release(
-                [(lease, unavailable_release_delay(lease.receive_count)) for lease in leases],
+                [(lease, unavailable_release_delay(lease.receive_count)) for lease in unreadable],
                 "payload unavailable",
             )
+        return readable
 
-    def _messages_to_python(self, messages: list[dict[str, Any]], queue: str) -> Any:
-        """The blocking receive: objects are read here, after the leases were taken."""
-        pointers = self._pointers(messages)
-        if pointers:
-            store = self.payloads
-            client = self.sqs(queue=self.canonical_queue_name(queue))
-            reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
-            messages = self._settle_reads(messages, pointers, reads, self.lease_table.received)
-            if not messages:
-                raise Empty()
-        return super()._messages_to_python(messages, queue)
 
-    def _pointers(self, messages: list[dict[str, Any]]) -> dict[int, S3Pointer]:
-        found = {
-            index: pointer_in(message.get("Body") or "") for index, message in enumerate(messages)
-        }
-        return {index: pointer for index, pointer in found.items() if pointer is not None}
+def _pointers(batch: list[Received]) -> dict[int, S3Pointer]:
+    found = {
+        index: pointer_in(received.message.get("Body") or "")
+        for index, received in enumerate(batch)
+    }
+    return {index: pointer for index, pointer in found.items() if pointer is not None}
 
 
 def _read(store: PayloadStore, client: BaseClient, pointer: S3Pointer) -> str | PayloadUnavailable:

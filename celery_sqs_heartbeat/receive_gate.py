@@ -44,8 +44,9 @@ class ReceiveGate:
     def poll_sent(self, queue_url: str) -> None:
         self._polls_pending[queue_url] = self._clock()
 
-    def poll_answered(self, queue_url: str) -> None:
-        self._polls_pending.pop(queue_url, None)
+    def poll_answered(self, queue_url: str) -> float | None:
+        """The poll of ``queue_url`` came back: when it was sent (None: not known)."""
+        return self._polls_pending.pop(queue_url, None)
 
     def release_delay(self, queue_url: str, wait_time_seconds: int) -> int:
         """Seconds until this channel's pending long poll on the queue must be over."""

@@ -17,7 +17,6 @@ the receives bring.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from queue import Empty
 from typing import Any, cast
@@ -50,7 +49,10 @@ class ReceivingChannel(SQSChannel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._receive_gate = ReceiveGate(time.monotonic)
+        self._receive_gate = ReceiveGate(self.connection.clock)
+        #: While an answer of the event loop's long poll is being handed over: when its
+        #: ReceiveMessage was sent. SQS started the messages' leases at some point since.
+        self.answer_sent_at: float | None = None
         self._prefetch_room = PrefetchRoom(
             lambda: self.qos.can_consume_max_estimate(),
             self._room_worth_a_receive,
@@ -199,7 +201,7 @@ class ReceivingChannel(SQSChannel):
     def _on_receive_answer(
         self, queue_name: str, queue_url: str, callback: Any, answer: Any
     ) -> None:
-        self._receive_gate.poll_answered(queue_url)
+        sent_at = self._receive_gate.poll_answered(queue_url)
         if self.closed:
             # Closed while the poll was out (see _next_turn): nobody takes the messages,
             # and SQS shows them again when their visibility timeout ends.
@@ -215,10 +217,13 @@ class ReceivingChannel(SQSChannel):
         # every receive. An error while delivering is kombu's or Celery's, not the
         # receive's: it is raised again from the hub, outside this promise, whose
         # on_error would take it for a failed receive.
+        self.answer_sent_at = sent_at
         try:
             callback(answer)
         except Exception as exc:
             self._event_loop.call_soon(partial(_raise, exc))
+        finally:
+            self.answer_sent_at = None
 
     def _on_receive_error(
         self, queue_name: str, queue_url: str, callback: Any, error: BaseException

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import Reject
+from kombu import Exchange, Queue
 
 
 def _transport_options() -> dict[str, Any]:
@@ -38,6 +39,13 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
+
+if os.environ.get("IT_EXTRA_QUEUE"):
+    # A worker of two queues, as ``-Q a,b`` makes one: the default queue and this one.
+    app.conf.task_queues = [
+        Queue(name, Exchange(name), routing_key=name)
+        for name in (app.conf.task_default_queue, os.environ["IT_EXTRA_QUEUE"])
+    ]
 
 if os.environ.get("IT_IMPORT_CONTROL") == "1":
     # What a user's app module does so that the ``celery inspect`` command line, which
@@ -65,8 +73,11 @@ def _record(task_id: str, name: str, started: float, outcome: str) -> None:
 
 
 @app.task(bind=True)
-def busy(self, label: str, seconds: float) -> str:
-    """Stands for a long job: the worker holds its message for ``seconds``."""
+def busy(self, label: str, seconds: float, padding: str = "") -> str:
+    """Stands for a long job: the worker holds its message for ``seconds``.
+
+    ``padding`` makes the message as large as wanted (through S3, past SQS's limit).
+    """
     started = time.time()
     time.sleep(seconds)
     _record(self.request.id, label, started, "ok")

@@ -74,16 +74,3 @@ def test_what_no_consumer_claimed_is_taken_once_and_forgotten() -> None:
     assert table.take_unclaimed() == []
     assert table.adopt(received("rh-3", "m-2")) is None
     assert list(table.delivered()) == [("rh-1", claimed)]
-
-
-def test_a_received_message_can_be_looked_up_and_taken_before_delivery() -> None:
-    table = LeaseTable()
-    lease = received("h-1")
-    table.admit(lease)
-    assert table.received("h-1") is lease
-    assert table.take_received("h-1") is lease
-    assert table.received("h-1") is None
-    assert table.take_unclaimed() == []
-    # Forgotten by message id too: a new receive of it is a new message here.
-    assert table.adopt(received("h-2")) is None
-    assert table.take_received("h-1") is None

@@ -1,0 +1,78 @@
+"""Which received messages Celery will still run after their channel closed: read from Celery.
+
+When a worker's broker connection drops, Celery's consumer forgets the requests it has
+not started (``Consumer.on_close``: its timer's ETA entries, rate-limit buckets, the
+pool's semaphore, its reserved requests) and calls the pool's ``flush()``; then the
+channel closes, and the transport releases every message Celery will not run, so that it
+is received again at once. A message Celery *will* run must stay held, or it runs twice:
+once here, once wherever SQS hands the released copy.
+
+"Started" (``celery.worker.state.active_requests``) is not the answer on every pool. A
+prefork pool's ``flush()`` drops what it was handed and no child accepted, so there only
+started requests run. The other pools (threads, gevent, eventlet, solo) have the base
+pool's ``flush()``, which does nothing: a request handed to them still runs, started or
+not; the threads pool queues it in its executor, for instance. So a message is kept if
+its task started, or if it was handed to a pool that keeps what it was handed.
+
+Celery tells the transport of every request through its ``task_received`` signal (sender:
+the consumer, whose ``pool`` it is). Handed to the pool means ``Request.execute_using_pool``
+ran, which leaves ``Request._apply_result`` set (Celery 5.5 to 5.7); Celery has no public
+word for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+from celery.concurrency.base import BasePool
+from celery.signals import task_received
+
+__all__ = ["will_run"]
+
+#: The requests Celery received and still references, by delivery tag (the receipt
+#: handle of the receive that brought the message). Weak: a request Celery dropped or
+#: finished is forgotten here too.
+_requests: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: Whether the pool each request is for runs what it was handed even after a flush.
+_pool_keeps: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """Celery's ``task_received``: note the request, and what its pool does at a flush."""
+    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+    pool = getattr(sender, "pool", None)
+    if isinstance(tag, str) and pool is not None:
+        _requests[tag] = request
+        _pool_keeps[request] = _keeps_what_it_was_handed(pool)
+
+
+task_received.connect(_remember, weak=False)
+
+
+def _keeps_what_it_was_handed(pool: Any) -> bool:
+    """Whether ``pool``'s ``flush()`` is the base pool's, which drops nothing."""
+    return getattr(getattr(pool, "flush", None), "__func__", None) is BasePool.flush
+
+
+def will_run(delivery_tag: str, task_id: str | None) -> bool:
+    """Whether Celery will still run the message delivered as ``delivery_tag``.
+
+    Outside a Celery worker (a plain kombu consumer), nothing will: kombu hands a
+    message to its consumer only once.
+    """
+    if task_id is not None and task_id in _started_task_ids():
+        return True
+    request = _requests.get(delivery_tag)
+    if request is None:
+        return False
+    return _pool_keeps.get(request, False) and request._apply_result is not None
+
+
+def _started_task_ids() -> set[str]:
+    """Ids of the tasks this worker has started and not finished."""
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return set()
+    return {request.id for request in list(state.active_requests)}

@@ -1,0 +1,204 @@
+"""A receive's messages, step by step, in the one order that runs every task once.
+
+1. **born**: every message gets a lease, counted from when its ReceiveMessage was *sent*:
+   SQS started it at some point after, so that is the earliest it can run out. It is
+   renewed from then on, so that everything below, an S3 read above all, happens under
+   it (:meth:`ReceiveSteps.born`). An answer read so late that its leases were already
+   due (a solo worker's event loop, blocked by a task while the answer waited) is
+   delivered only once a renewal confirms that SQS still holds the message for this
+   receipt: meanwhile SQS may have handed it to another worker (:meth:`ReceiveSteps.confirmed`);
+2. **bodies**: a body that went through S3 is read back, before anything reads the task's
+   headers (the channel does this: off the event loop, or inline on the blocking path);
+3. **known**: a message this channel holds already (its lease lapsed and SQS handed it out
+   again) or acked a moment ago is not delivered again;
+4. **parked**: a task whose ETA is far away is hidden again in SQS and forgotten
+   (:class:`~celery_sqs_heartbeat.parker.Parker`);
+5. **admitted**: the rest wait in the channel's lease table for the consumer to claim them.
+
+The channel runs step 1 (with its confirmation, a call to SQS), then 2, then
+:meth:`ReceiveSteps.sort` (3 to 5), then hands what is left to kombu. Written here as
+one sequence because the order is the point: a task parked before its body was read was
+never parked (its ETA is in S3), one parked before the check for a held message was run
+twice, and one delivered from an answer read after its lease ran out ran twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from celery.utils.log import get_logger
+
+from .lease_table import LeaseTable
+from .leases import EntryResult, Lease, LeasePolicy
+from .manager import VisibilityExtensionManager
+from .options import HeartbeatOptions
+from .redelivery import receive_count
+from .sqs import SQSQueue
+
+__all__ = ["ReceiveSteps", "Received"]
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class Received:
+    """One message of a ReceiveMessage answer, on its way through the steps."""
+
+    #: The message as SQS answered it; step 2 replaces an S3 pointer by its body.
+    message: dict[str, Any]
+    #: None for a message that is not held: a no-ack queue's, or one without a handle.
+    lease: Lease | None
+    #: Its lease was due when the answer was read: not renewed, nor delivered, until a
+    #: renewal confirms it (:meth:`ReceiveSteps.confirmed`).
+    unconfirmed: bool = False
+
+
+class ParkStep(Protocol):
+    """Step 4: :class:`~celery_sqs_heartbeat.parker.Parker`."""
+
+    def park(self, batch: list[Received], queue: SQSQueue) -> tuple[list[Received], int]: ...
+
+
+class ReceiveSteps:
+    """Steps 1, 3, 4 and 5 of one channel's receives."""
+
+    def __init__(
+        self,
+        options: HeartbeatOptions,
+        manager: VisibilityExtensionManager,
+        lease_table: LeaseTable,
+        lease_policy: LeasePolicy,
+        parker: ParkStep,
+    ) -> None:
+        self.options = options
+        self.manager = manager
+        self.lease_table = lease_table
+        self.lease_policy = lease_policy
+        self.parker = parker
+
+    def born(
+        self, messages: list[dict[str, Any]], queue: SQSQueue, sent_at: float, held: bool = True
+    ) -> list[Received]:
+        """Step 1: a lease for every message, counted from ``sent_at``, renewed from now.
+
+        ``held`` False (a no-ack queue, kombu's ``basic_get``): the messages go through
+        the steps without leases. A lease already due for renewal is left unconfirmed.
+        """
+        now = self.manager.clock()
+        batch = []
+        for message in messages:
+            handle = message.get("ReceiptHandle")
+            if not (held and handle):
+                batch.append(Received(message, None))
+                continue
+            lease = Lease(
+                receipt_handle=handle,
+                queue=queue,
+                policy=self.lease_policy,
+                received_at=sent_at,
+                message_id=message.get("MessageId"),
+                receive_count=receive_count(message.get("Attributes") or {}),
+            )
+            late = lease.expires_at - now <= self.lease_policy.margin_ceiling
+            confirm = self.options.visibility_extension and late
+            if self.options.visibility_extension and not confirm:
+                self.manager.track(lease, self.options.visibility_extension_interval)
+            batch.append(Received(message, lease, unconfirmed=confirm))
+        return batch
+
+    def confirmations(self, batch: list[Received]) -> list[tuple[Lease, int]]:
+        """The renewals that must confirm the batch's late leases, before anything else."""
+        now = self.manager.clock()
+        return [
+            (lease, lease.capped_visibility(self.lease_policy.visibility_timeout, now))
+            for received in batch
+            if received.unconfirmed and (lease := received.lease) is not None
+        ]
+
+    def confirmed(
+        self,
+        batch: list[Received],
+        renewals: Sequence[tuple[Lease, int]],
+        answers: Mapping[Lease, tuple[EntryResult, str]],
+        sent_at: float,
+        read_after: float,
+    ) -> list[Received]:
+        """The batch less the late leases SQS did not confirm; those confirmed are renewed.
+
+        A refused renewal means SQS handed the message to someone else meanwhile (or the
+        handle is otherwise no longer good): it is not run here. One that failed for a
+        passing reason cannot tell: the message is not run here either, and SQS shows
+        it again when its lease ends. Either way nothing is lost, and nothing runs twice.
+        ``renewals`` were sent at ``sent_at``, and SQS gave ``answers``; ``read_after`` is
+        how long after its receive was sent the answer was read.
+        """
+        lengths = dict(renewals)
+        kept: list[Received] = []
+        dropped: list[tuple[Lease, str]] = []
+        for received in batch:
+            lease = received.lease
+            if not received.unconfirmed or lease is None:
+                kept.append(received)
+                continue
+            outcome, reason = answers.get(lease, (EntryResult.TRANSIENT, "no answer"))
+            if outcome is not EntryResult.OK:
+                dropped.append((lease, reason))
+                continue
+            lease.expires_at = sent_at + lengths.get(lease, 0)
+            received.unconfirmed = False
+            self.manager.track(lease, self.options.visibility_extension_interval)
+            kept.append(received)
+        if dropped:
+            logger.warning(
+                "Not running %d message(s) whose answer was read %.1f s after the receive "
+                "was sent, so late that their %d s lease may have run out, and that SQS did "
+                "not confirm as still this worker's (%s): SQS may have handed them to "
+                "another worker, and shows them again otherwise",
+                len(dropped),
+                read_after,
+                self.lease_policy.visibility_timeout,
+                "; ".join(f"message {lease.message_id}: {reason}" for lease, reason in dropped),
+            )
+        return kept
+
+    def sort(self, batch: list[Received], queue: SQSQueue) -> tuple[list[Received], int]:
+        """Steps 3 to 5: the messages to deliver, and how many were parked."""
+        fresh = [received for received in batch if not self._known(received.lease)]
+        staying, parked = self.parker.park(fresh, queue)
+        for received in staying:
+            if received.lease is not None:
+                self.lease_table.admit(received.lease)
+        return staying, parked
+
+    def _known(self, lease: Lease | None) -> bool:
+        """Step 3: whether ``lease`` is a new receive of a message held or acked here.
+
+        A message held here already keeps running on the new lease; opting out of
+        renewals opts out of this too (kombu's own behaviour, redeliveries and all). A
+        message acked here whose delete has not landed, or landed by an older receipt
+        and so deleted nothing (within the last minute), is deleted by the new one.
+        """
+        if lease is None:
+            return False
+        if self.options.visibility_extension:
+            replaced = self.lease_table.adopt(lease)
+            if replaced is not None:
+                self.manager.end(replaced)
+                logger.warning(
+                    "SQS delivered message %s again while this worker still holds it (%s); "
+                    "it is not run twice here, and its lease continues on the new receipt",
+                    lease.message_id,
+                    replaced.describe(),
+                )
+                return True
+        if self.manager.redirect_delete(lease):
+            logger.warning(
+                "SQS delivered message %s again after this worker acked it (%s); it is "
+                "deleted by the new receipt, not run again",
+                lease.message_id,
+                lease.describe(),
+            )
+            return True
+        return False

@@ -1,0 +1,353 @@
+"""The transport's Channel on its own: kombu's real channel, a fake SQS, a hand-driven manager.
+
+The channel is made as a worker makes it (a kombu ``Connection`` with a predefined queue,
+so nothing is asked of SQS at start-up); every call that would reach SQS goes to
+:class:`FakeSQS` instead, and the manager is driven by ``check()`` and a fake clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from queue import Empty
+from typing import Any
+
+import pytest
+from kombu import Connection
+from kombu.transport import SQS
+
+from celery_sqs_heartbeat.leases import EntryResult, Lease
+from celery_sqs_heartbeat.manager import VisibilityExtensionManager
+from celery_sqs_heartbeat.sqs import SQSQueue
+from celery_sqs_heartbeat.transport import Channel
+
+from .conftest import FakeClock
+
+URL = "http://127.0.0.1:9/123456789012/jobs"
+TASK = "proj.tasks.report"
+
+
+class FakeSQS:
+    """What the channel's leases ask of SQS, recorded and answered OK."""
+
+    def __init__(self) -> None:
+        self.visibility_changes: list[tuple[str, int]] = []
+        self.deletes: list[str] = []
+        self.copies: list[str] = []
+        self.redrive_policy = False
+        #: Visibility changes SQS refuses, by receipt handle.
+        self.refusals: dict[str, tuple[EntryResult, str]] = {}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake = self
+
+        def change_visibility(_: SQSQueue, entries: Any) -> Any:
+            fake.visibility_changes += [
+                (lease.receipt_handle, seconds) for lease, seconds in entries
+            ]
+            ok = (EntryResult.OK, "")
+            return {lease: fake.refusals.get(lease.receipt_handle, ok) for lease, _ in entries}
+
+        def delete(_: SQSQueue, leases: Any) -> Any:
+            fake.deletes += [lease.receipt_handle for lease in leases]
+            return {lease: (EntryResult.OK, "") for lease in leases}
+
+        def send_copies(_: SQSQueue, copies: Any) -> Any:
+            fake.copies += [lease.receipt_handle for lease, _, _ in copies]
+            return {lease: (EntryResult.OK, "") for lease, _, _ in copies}
+
+        monkeypatch.setattr(SQSQueue, "change_visibility", change_visibility)
+        monkeypatch.setattr(SQSQueue, "delete", delete)
+        monkeypatch.setattr(SQSQueue, "send_copies", send_copies)
+        monkeypatch.setattr(SQSQueue, "has_redrive_policy", lambda _: fake.redrive_policy)
+
+
+@pytest.fixture
+def sqs(monkeypatch: pytest.MonkeyPatch) -> FakeSQS:
+    fake = FakeSQS()
+    fake.install(monkeypatch)
+    return fake
+
+
+OpenChannel = Callable[..., tuple[Channel, list[Any]]]
+
+
+@pytest.fixture
+def open_channel(
+    manager: VisibilityExtensionManager, sqs: FakeSQS, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[OpenChannel]:
+    """Open a consuming channel (a worker's connection); each call is a new connection."""
+    # Closing a channel waits for the manager's thread to send what is pending; this
+    # manager has no thread, so a flush is one synchronous check.
+    monkeypatch.setattr(manager, "flush", lambda timeout: manager.check() or 0)
+    opened: list[Channel] = []
+
+    def open_one(**options: Any) -> tuple[Channel, list[Any]]:
+        channel, delivered = consuming_channel(manager, **options)
+        opened.append(channel)
+        return channel, delivered
+
+    yield open_one
+    for channel in opened:
+        if not channel.closed:
+            channel.close()
+
+
+def consuming_channel(
+    manager: VisibilityExtensionManager, **options: Any
+) -> tuple[Channel, list[Any]]:
+    """A new connection's channel consuming the predefined queue, and what it delivers."""
+    queue = {"url": URL, **options.pop("queue", {})}
+    connection = Connection(
+        "sqs://key:secret@127.0.0.1:9/",
+        transport="celery_sqs_heartbeat:Transport",
+        transport_options={"region": "us-east-1", "predefined_queues": {"jobs": queue}, **options},
+    )
+    connection.transport.manager = manager
+    channel = connection.channel()
+    delivered: list[Any] = []
+    channel.basic_consume("jobs", False, delivered.append, "consumer")
+    return channel, delivered
+
+
+def sqs_message(
+    channel: Channel, handle: str, eta_in: float | None = None, receive_count: int = 1
+) -> dict[str, Any]:
+    """A task message as SQS answers a receive: one message id, ``handle`` its receipt."""
+    eta = None
+    if eta_in is not None:
+        eta = (datetime.now(timezone.utc) + timedelta(seconds=eta_in)).isoformat()
+    headers = {"id": "task-1", "task": TASK, "eta": eta, "expires": None}
+    # As kombu publishes it: the routing key is what ties it to its predefined queue.
+    properties = {"delivery_info": {"exchange": "jobs", "routing_key": "jobs"}}
+    body = channel.prepare_message(
+        json.dumps([[], {}, {}]), 0, "application/json", "utf-8", headers, properties
+    )
+    return {
+        "MessageId": "message-1",
+        "ReceiptHandle": handle,
+        "Body": json.dumps(body),
+        "Attributes": {"ApproximateReceiveCount": str(receive_count)},
+    }
+
+
+def receive(channel: Channel, *messages: dict[str, Any]) -> None:
+    """An answer to the event loop's long poll, as kombu hands it to the channel."""
+    channel._on_messages_ready(URL, "jobs", {"Messages": list(messages)})
+
+
+def wait_for_copy_threads() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "sqs-park-copies":
+            thread.join(5)
+
+
+def test_a_held_countdown_received_again_on_a_dead_letter_queue_is_adopted_not_copied(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
+) -> None:
+    """Issue 24, item 7: parking sent a fresh copy before the check for a held message,
+    so the copy and the held task both ran at the ETA."""
+    sqs.redrive_policy = True
+    channel, delivered = open_channel()
+    receive(channel, sqs_message(channel, "first", eta_in=60))
+    assert [m.delivery_tag for m in delivered] == ["first"]
+
+    # Its lease lapsed (an outage) and SQS hands it to this worker again.
+    receive(channel, sqs_message(channel, "second", eta_in=60, receive_count=2))
+    wait_for_copy_threads()
+
+    assert [m.delivery_tag for m in delivered] == ["first"]
+    assert sqs.copies == []
+    held = channel.lease_table.get("first")
+    assert held is not None and held.receipt_handle == "second"
+    assert len(manager) == 1
+
+
+def test_a_far_countdown_is_parked_at_the_receive_and_its_lease_ends(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager, clock: FakeClock
+) -> None:
+    channel, delivered = open_channel()
+    receive(channel, sqs_message(channel, "far", eta_in=3600))
+    # A park waits up to half a lease for company in its call.
+    clock.advance(15)
+    manager.check()
+    assert delivered == []
+    assert len(manager) == 0 and len(channel.lease_table) == 0
+    [(handle, seconds)] = sqs.visibility_changes
+    assert handle == "far" and 3000 < seconds < 3600
+
+
+def test_renewals_after_a_reconnect_go_through_the_live_connections_client(
+    open_channel: OpenChannel,
+) -> None:
+    """Issue 24, item 8: a task still running after a reconnect was renewed with the
+    closed channel's client, whose STS credentials kombu no longer refreshes."""
+    first, _ = open_channel()
+    receive(first, sqs_message(first, "running"))
+    lease = first.lease_table.get("running")
+    assert lease is not None
+    first.close()
+
+    second, _ = open_channel()
+    receive(second, sqs_message(second, "next"))
+
+    assert lease.queue._client_source() is second.sqs(queue="jobs")  # type: ignore[attr-defined]
+
+
+BACKOFF = {"backoff_policy": {1: 5, 2: 60}, "backoff_tasks": [TASK]}
+
+
+def test_a_backoff_task_is_released_after_its_backoff_through_the_manager(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 5: kombu set the backoff itself, synchronously and by the first
+    receipt handle, before the lease was let go; when that raised (SQS down, a handle
+    stale after an adoption), the rejected message stayed held and renewed for 12 hours."""
+
+    def kombu_backoff(*_: Any) -> None:
+        raise ConnectionError("SQS is down")
+
+    monkeypatch.setattr(SQS.QoS, "apply_backoff_policy", kombu_backoff)
+    channel, delivered = open_channel(queue=BACKOFF)
+    receive(channel, sqs_message(channel, "failing"))
+
+    channel.basic_reject(delivered[0].delivery_tag)
+    clock.advance(1)  # a release waits up to ack_batch_interval for company
+    manager.check()
+
+    assert len(manager) == 0 and len(channel.lease_table) == 0
+    assert sqs.visibility_changes == [("failing", 5)]
+
+
+def test_a_reject_whose_kombu_path_raises_still_ends_the_lease(
+    open_channel: OpenChannel, manager: VisibilityExtensionManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def kombu_reject(*_: Any, **__: Any) -> None:
+        raise ConnectionError("SQS is down")
+
+    monkeypatch.setattr(SQS.QoS, "reject", kombu_reject)
+    channel, delivered = open_channel()
+    receive(channel, sqs_message(channel, "failing"))
+
+    with pytest.raises(ConnectionError):
+        channel.basic_reject(delivered[0].delivery_tag)
+
+    assert len(manager) == 0 and len(channel.lease_table) == 0
+
+
+def test_the_lease_of_a_received_message_is_born_before_its_steps(
+    open_channel: OpenChannel, manager: VisibilityExtensionManager
+) -> None:
+    channel, delivered = open_channel()
+    receive(channel, sqs_message(channel, "now"))
+    [status] = manager.leases()
+    assert (status.task_id, status.task_name, status.renewals) == ("task-1", TASK, 0)
+    lease = channel.lease_table.get(delivered[0].delivery_tag)
+    assert isinstance(lease, Lease) and lease.received_at == manager.clock()
+
+
+def receive_blocking(
+    channel: Channel,
+    clock: FakeClock,
+    answered_after: float,
+    monkeypatch: pytest.MonkeyPatch,
+    *messages: dict[str, Any],
+) -> None:
+    """A blocking receive (gevent, eventlet) whose answer is read ``answered_after`` later."""
+
+    def receive_message(**_: Any) -> dict[str, Any]:
+        clock.advance(answered_after)
+        return {"Messages": list(messages)}
+
+    monkeypatch.setattr(channel.sqs(queue="jobs"), "receive_message", receive_message)
+    with contextlib.suppress(Empty):  # kombu's word for a receive that delivered nothing
+        channel._get_bulk("jobs")
+
+
+def test_a_lease_is_counted_from_when_its_receive_was_sent(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 2: the lease's clock started when the answer was read, after SQS
+    had started it, so the worker reckoned it to last longer than it did."""
+    channel, delivered = open_channel()
+    sent_at = clock.now
+    receive_blocking(channel, clock, 5, monkeypatch, sqs_message(channel, "in-time"))
+    lease = channel.lease_table.get(delivered[0].delivery_tag)
+    assert lease is not None
+    assert (lease.received_at, lease.expires_at) == (sent_at, sent_at + 30)
+    assert sqs.visibility_changes == []
+
+
+def test_an_answer_read_after_its_lease_was_due_is_delivered_once_sqs_confirms_it(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    channel, delivered = open_channel()
+    receive_blocking(channel, clock, 25, monkeypatch, sqs_message(channel, "late"))
+    assert sqs.visibility_changes == [("late", 30)]
+    assert [m.delivery_tag for m in delivered] == ["late"]
+    [status] = manager.leases()
+    assert status.expires_in == 30
+
+
+def test_an_answer_read_after_its_lease_was_due_is_not_run_if_sqs_handed_it_out_meanwhile(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24, item 2: a solo worker's loop, blocked by a long task, read an answer after
+    the message's lease ran out; another worker had received and run it meanwhile, and
+    then this one ran it too."""
+    sqs.refusals["late"] = (EntryResult.LOST, "ReceiptHandleIsInvalid: expired")
+    channel, delivered = open_channel()
+    receive_blocking(channel, clock, 40, monkeypatch, sqs_message(channel, "late"))
+    assert delivered == []
+    assert len(manager) == 0 and len(channel.lease_table) == 0
+    warnings = [r for r in caplog.records if "Not running 1 message(s)" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+
+
+def test_closing_a_channel_sends_what_is_pending_without_waiting_for_sqs(
+    sqs: FakeSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24, item 9: closing a channel waited up to 10 s, twice, for the process's
+    pending deletes: at a reconnect it held the event loop while SQS was failing."""
+    on_the_wire, answer = threading.Event(), threading.Event()
+
+    def slow_delete(_: SQSQueue, leases: Any) -> Any:
+        on_the_wire.set()
+        answer.wait(30)
+        return {lease: (EntryResult.OK, "") for lease in leases}
+
+    monkeypatch.setattr(SQSQueue, "delete", slow_delete)
+    manager = VisibilityExtensionManager()  # its own thread, on the real clock
+    channel, delivered = consuming_channel(manager, ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "done"))
+    channel.basic_ack(delivered[0].delivery_tag)
+    assert on_the_wire.wait(5)
+
+    closing = threading.Thread(target=channel.close)
+    closing.start()
+    closing.join(5)
+    returned_at_once = not closing.is_alive()
+    answer.set()
+
+    assert returned_at_once
+    assert manager.stop(5) == 0
