@@ -6,7 +6,7 @@ client; a botocore hook on that client's SendMessage
 (:meth:`~celery_sqs_heartbeat.payload_store.PayloadStore.offload`) moves a large body to
 S3 and sends the pointer instead. Smaller messages are not touched.
 
-Receiving (step 2 of :mod:`celery_sqs_heartbeat.receive_steps`): a pointer is replaced
+Receiving (step 3 of :mod:`celery_sqs_heartbeat.receive_steps`): a pointer is replaced
 by its object's body after the lease was born, so the lease covers the S3 read, and
 before anything reads the task's headers (parking reads its ETA) or kombu decodes it.
 
@@ -65,7 +65,7 @@ class ReadingQoS(SQS.QoS):
 
 
 class PayloadChannel(ReceivingChannel):
-    """Large bodies through S3: the send hook, and step 2 of a receive on both paths."""
+    """Large bodies through S3: the send hook, and step 3 of a receive on both paths."""
 
     manager: VisibilityExtensionManager
 
@@ -94,7 +94,7 @@ class PayloadChannel(ReceivingChannel):
         return client
 
     def _read_bodies_now(self, batch: list[Received], queue_name: str) -> list[Received]:
-        """Step 2 on the blocking path: the batch with its bodies read, inline."""
+        """Step 3 on the blocking path: the batch with its bodies read, inline."""
         pointers = _pointers(batch)
         if not pointers:
             return batch
@@ -107,13 +107,14 @@ class PayloadChannel(ReceivingChannel):
         self,
         batch: list[Received],
         queue_name: str,
-        confirm: Callable[[list[Received]], list[Received]],
+        first_steps: Callable[[list[Received]], list[Received]],
         then: Callable[[list[Received]], Any],
     ) -> bool:
         """The steps that wait for SQS or S3, on a thread; then ``then(batch)`` on the loop.
 
-        ``confirm`` renews the leases of an answer read late (step 1), then the bodies
-        are read from S3 (step 2). False if neither is needed: the caller goes on at once.
+        ``first_steps`` renews the leases of an answer read late and takes out messages
+        held or acked here (steps 1 and 2), then the bodies are read from S3 (step 3).
+        False if neither call is needed: the caller runs ``first_steps`` itself.
         Meanwhile the loop goes on receiving, and the batch counts against the prefetch
         window.
         """
@@ -127,7 +128,7 @@ class PayloadChannel(ReceivingChannel):
         self._leases_reading.update(leases)
 
         def work() -> None:
-            kept = confirm(batch)
+            kept = first_steps(batch)
             pointers = _pointers(kept)
             reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
             waker.call_soon(self._back_on_the_loop, batch, kept, pointers, reads, then)

@@ -7,19 +7,24 @@
    due (a solo worker's event loop, blocked by a task while the answer waited) is
    delivered only once a renewal confirms that SQS still holds the message for this
    receipt: meanwhile SQS may have handed it to another worker (:meth:`ReceiveSteps.confirmed`);
-2. **bodies**: a body that went through S3 is read back, before anything reads the task's
+2. **known**: a message this channel holds already (its lease lapsed and SQS handed it out
+   again) or acked a moment ago is not delivered again (:meth:`ReceiveSteps.known`); its
+   message id is all this takes, so its body is not read: an acked message's S3 object
+   may be gone with its delete;
+3. **bodies**: a body that went through S3 is read back, before anything reads the task's
    headers (the channel does this: off the event loop, or inline on the blocking path);
-3. **known**: a message this channel holds already (its lease lapsed and SQS handed it out
-   again) or acked a moment ago is not delivered again;
 4. **parked**: a task whose ETA is far away is hidden again in SQS and forgotten
    (:class:`~celery_sqs_heartbeat.parker.Parker`);
 5. **admitted**: the rest wait in the channel's lease table for the consumer to claim them.
 
-The channel runs step 1 (with its confirmation, a call to SQS), then 2, then
-:meth:`ReceiveSteps.sort` (3 to 5), then hands what is left to kombu. Written here as
-one sequence because the order is the point: a task parked before its body was read was
-never parked (its ETA is in S3), one parked before the check for a held message was run
-twice, and one delivered from an answer read after its lease ran out ran twice.
+The channel runs step 1 (with its confirmation, a call to SQS), 2, 3 (S3 reads), then
+:meth:`ReceiveSteps.sort` (4 and 5), then hands what is left to kombu; the calls (the
+confirmation, the reads) go off the event loop together. Written here as one sequence
+because the order is the point: a task parked before its body was read was never parked
+(its ETA is in S3), one parked before the check for a held message was run twice, one
+delivered from an answer read after its lease ran out ran twice, and an acked message
+received again whose object went with the delete was released for ever instead of
+deleted.
 """
 
 from __future__ import annotations
@@ -163,17 +168,20 @@ class ReceiveSteps:
             )
         return kept
 
+    def known(self, batch: list[Received]) -> list[Received]:
+        """Step 2: the batch less the messages held or just acked here."""
+        return [received for received in batch if not self._known(received.lease)]
+
     def sort(self, batch: list[Received], queue: SQSQueue) -> tuple[list[Received], int]:
-        """Steps 3 to 5: the messages to deliver, and how many were parked."""
-        fresh = [received for received in batch if not self._known(received.lease)]
-        staying, parked = self.parker.park(fresh, queue)
+        """Steps 4 and 5: the messages to deliver, and how many were parked."""
+        staying, parked = self.parker.park(batch, queue)
         for received in staying:
             if received.lease is not None:
                 self.lease_table.admit(received.lease)
         return staying, parked
 
     def _known(self, lease: Lease | None) -> bool:
-        """Step 3: whether ``lease`` is a new receive of a message held or acked here.
+        """Whether ``lease`` is a new receive of a message held or acked here.
 
         A message held here already keeps running on the new lease; opting out of
         renewals opts out of this too (kombu's own behaviour, redeliveries and all). A

@@ -177,8 +177,7 @@ class SQSQueue:
             for index, lease in enumerate(leases)
         ]
         results = self._batch_call("delete_message_batch", leases, request)
-        deleted = [lease for lease, (outcome, _) in results.items() if outcome is EntryResult.OK]
-        delete_objects_of(self._client_source, deleted)
+        delete_objects_of(self._client_source, _surely_deleted(results))
         return results
 
     def send_copies(
@@ -218,6 +217,20 @@ class SQSQueue:
         except (BotoCoreError, OSError) as exc:
             return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
         return _entry_results(leases, response)
+
+
+def _surely_deleted(results: dict[Lease, tuple[EntryResult, str]]) -> list[Lease]:
+    """The leases whose messages the confirmed deletes surely deleted.
+
+    Not those whose lease ran out first: SQS answers a delete by an expired receipt handle
+    with success and deletes nothing, and the message, received again, needs its object.
+    A bucket's lifecycle rule removes what is left.
+    """
+    return [
+        lease
+        for lease, (outcome, _) in results.items()
+        if outcome is EntryResult.OK and not lease.lost
+    ]
 
 
 def _entry_results(

@@ -5,10 +5,11 @@ A lease from receive to confirmed delete, one step a function:
 1. born in :meth:`ReceiveSteps.born <celery_sqs_heartbeat.receive_steps.ReceiveSteps.born>`
    as the ReceiveMessage answer arrives (event loop: :meth:`Channel._on_messages_ready`;
    blocking path: :meth:`Channel._receive_message`), which hands it to the manager
-   (:meth:`VisibilityExtensionManager.track`); then its body is read from S3, and
+   (:meth:`VisibilityExtensionManager.track`); then a message held or acked here already
+   is taken out, its body is read from S3, and
    :meth:`ReceiveSteps.sort <celery_sqs_heartbeat.receive_steps.ReceiveSteps.sort>`
-   drops a message held or acked here already, parks a far-ETA task, and holds the rest
-   in the channel's :class:`~celery_sqs_heartbeat.lease_table.LeaseTable`
+   parks a far-ETA task and holds the rest in the channel's
+   :class:`~celery_sqs_heartbeat.lease_table.LeaseTable`
    (:mod:`celery_sqs_heartbeat.receive_steps` has the order and why);
 2. claimed in :meth:`Channel.claim_lease` (from :meth:`QoS.append`) when kombu hands the
    message to the consumer; what no consumer claimed goes back to SQS at once
@@ -184,30 +185,32 @@ class Channel(ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
         batch = self.steps.born(
             received, lease_queue, sent_at, held=qname not in self._noack_queues
         )
-        confirm = partial(self._confirm, lease_queue, sent_at)
+        first_steps = partial(self._confirm_and_recognise, lease_queue, sent_at)
         deliver = partial(self._sort_and_deliver, queue, qname, lease_queue)
-        if self._off_the_loop(batch, qname, confirm, deliver):
+        if self._off_the_loop(batch, qname, first_steps, deliver):
             return len(received)
-        return deliver(batch)
+        return deliver(first_steps(batch))
 
-    def _confirm(
+    def _confirm_and_recognise(
         self, lease_queue: SQSQueue, receive_sent_at: float, batch: list[Received]
     ) -> list[Received]:
-        """Step 1's confirmation: the leases of an answer read late are renewed first.
+        """Steps 1 (its confirmation) and 2: the leases of an answer read late are renewed
+        first; then the messages held or acked here already are taken out.
 
         Blocking: on the blocking receive path, or on a thread off the event loop.
         """
         renewals = self.steps.confirmations(batch)
-        if not renewals:
-            return batch
-        sent_at = self.manager.clock()
-        answers = lease_queue.change_visibility(renewals)
-        return self.steps.confirmed(batch, renewals, answers, sent_at, sent_at - receive_sent_at)
+        if renewals:
+            sent_at = self.manager.clock()
+            answers = lease_queue.change_visibility(renewals)
+            read_after = sent_at - receive_sent_at
+            batch = self.steps.confirmed(batch, renewals, answers, sent_at, read_after)
+        return self.steps.known(batch)
 
     def _sort_and_deliver(
         self, queue: str, qname: str, lease_queue: SQSQueue, batch: list[Received]
     ) -> int:
-        """Steps 3 to 5, then kombu's delivery; what no consumer claimed goes back to SQS.
+        """Steps 4 and 5, then kombu's delivery; what no consumer claimed goes back to SQS.
 
         Returns what kombu counts as brought: parked messages count, or kombu would
         poll again only ``polling_interval`` later, and a burst of countdown tasks would
@@ -252,7 +255,9 @@ class Channel(ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
             held = self._receiving_in_bulk and queue not in self._noack_queues
             lease_queue = self._lease_queue(self._new_queue(queue), queue)
             batch = self.steps.born(received, lease_queue, sent_at, held)
-            batch = self._read_bodies_now(self._confirm(lease_queue, sent_at, batch), queue)
+            batch = self._read_bodies_now(
+                self._confirm_and_recognise(lease_queue, sent_at, batch), queue
+            )
             staying, parked = self.steps.sort(batch, lease_queue)
             self._parked_by_receive += parked
             response["Messages"] = [r.message for r in staying]
@@ -271,7 +276,7 @@ class Channel(ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
             queue_name = self.canonical_queue_name(info.get("routing_key") or "")
             lease_queue = self._lease_queue(info["sqs_queue"], queue_name)
             batch = self.steps.born([sqs_message], lease_queue, self.manager.clock())
-            staying, _ = self.steps.sort(batch, lease_queue)
+            staying, _ = self.steps.sort(self.steps.known(batch), lease_queue)
             if staying:
                 self.lease_table.claim(delivery_tag, *task)
 

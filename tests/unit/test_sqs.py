@@ -17,6 +17,7 @@ from botocore.config import Config
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 from botocore.stub import Stubber
 
+from celery_sqs_heartbeat import sqs as sqs_module
 from celery_sqs_heartbeat.leases import EntryResult, Lease
 from celery_sqs_heartbeat.sqs import (
     POOL_CONNECTIONS,
@@ -501,3 +502,20 @@ def test_a_failed_delete_call_is_transient_for_every_entry(
     results = sqs_queue.delete(batch)
 
     assert {kind for kind, _ in results.values()} == {EntryResult.TRANSIENT}
+
+
+def test_the_objects_of_a_delete_by_a_lease_that_ran_out_stay(
+    stub: Stubber, sqs_queue: SQSQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQS answers a delete by an expired receipt handle with success and deletes nothing:
+    the message comes back and needs its body (found by the crossing suite: an ack in an
+    outage longer than the lease, then its message received again, unreadable)."""
+    held, ran_out = leases(2)
+    ran_out.lost = True
+    deleting: list[list[Lease]] = []
+    monkeypatch.setattr(sqs_module, "delete_objects_of", lambda _, found: deleting.append(found))
+    stub.add_response("delete_message_batch", {"Successful": [{"Id": "0"}, {"Id": "1"}], "Failed": []})
+
+    sqs_queue.delete([held, ran_out])
+
+    assert deleting == [[held]]
