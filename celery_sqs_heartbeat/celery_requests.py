@@ -29,7 +29,7 @@ from typing import Any
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 
-__all__ = ["will_run"]
+__all__ = ["will_run", "worker_is_stopping"]
 
 #: The requests Celery received and still references, by delivery tag (the receipt
 #: handle of the receive that brought the message). Weak: a request Celery dropped or
@@ -76,3 +76,19 @@ def _started_task_ids() -> set[str]:
     if state is None:
         return set()
     return {request.id for request in list(state.active_requests)}
+
+
+def worker_is_stopping() -> bool:
+    """Whether this Celery worker is shutting down, warm or cold; False outside one.
+
+    A channel that closes then waits for what it sent: a cold shutdown may end the
+    process without running ``atexit``. At a reconnect, or when a task closes a connection
+    of its own, nothing waits.
+    """
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return False
+    return any(
+        flag is not None and flag is not False
+        for flag in (state.should_stop, state.should_terminate)
+    )

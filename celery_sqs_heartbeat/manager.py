@@ -60,11 +60,10 @@ RETRY_DELAY = 1.0
 #: at 120,000 leases held (benchmarks/scheduler_cost.py).
 BATCHES_PER_HOLD = 5
 
-#: How long the end of the process waits for deletes and releases still pending: a
-#: delete that never went out means the task runs again elsewhere once its lease ends,
-#: and a release that never went out leaves its message hidden until then. Closing a
-#: channel does not wait (``Channel.close``): a worker's warm shutdown waits here.
-EXIT_FLUSH_TIMEOUT = 10.0
+#: How long the end of the process waits for deletes still pending: a delete that never
+#: went out means the task runs again elsewhere once its lease ends. (A worker's shutdown
+#: has waited already, as its channel closed: ``SettlingChannel.close``.)
+EXIT_FLUSH_TIMEOUT = 5.0
 
 
 class LeaseQueue(Protocol):

@@ -3,8 +3,8 @@
 An ack becomes a delete in the manager's outbox (batched, retried, the lease held until
 SQS confirms it); a reject becomes a release (at once, after ``release_delay``, or after
 kombu's ``backoff_policy``), so SQS's receive count and dead-letter queue keep the
-retries; a message Celery will not run goes back to SQS when the channel closes. None of
-it waits for SQS: closing a channel only sends what is pending.
+retries; a message Celery will not run goes back to SQS when the channel closes. Nothing
+here waits for SQS, except the close at a worker's shutdown.
 
 The receive side, and the steps by which a lease is born, are
 :class:`celery_sqs_heartbeat.transport.Channel`'s, built on this class.
@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
+from celery.utils.log import get_logger
 from kombu.transport.virtual import Channel as VirtualChannel
 
+from .celery_requests import worker_is_stopping
 from .compat import backoff_policy_of
 from .leases import Lease
 from .receive_loop import ReceivingChannel
@@ -29,6 +31,12 @@ if TYPE_CHECKING:
     from .options import HeartbeatOptions
 
 __all__ = ["SettlingChannel"]
+
+logger = get_logger(__name__)
+
+#: How long closing a channel at a worker's shutdown waits for pending deletes and
+#: releases to be confirmed.
+SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
 
 class SettlingChannel(ReceivingChannel):
@@ -52,7 +60,6 @@ class SettlingChannel(ReceivingChannel):
                 ],
                 reason,
             )
-            self.manager.flush(0)
         else:
             for lease in leases:
                 self.manager.end(lease)
@@ -137,16 +144,27 @@ class SettlingChannel(ReceivingChannel):
         return self.options.ack_batch_interval
 
     def close(self) -> None:
-        """Send pending deletes and releases at once: the worker may be about to exit.
+        """Send pending deletes and releases at once; wait for SQS only at a shutdown.
 
-        Without waiting for SQS's answers: a channel closes on the event loop at a
-        reconnect (often because SQS is failing), and in a task's thread when the task
-        closes a connection of its own; waiting there held the loop, or the task, for as
-        long as SQS took, up to 10 s a flush. The manager's thread goes on sending them, and the end
-        of the process waits for them (``manager.EXIT_FLUSH_TIMEOUT``).
+        A channel closes on the event loop at a reconnect (often because SQS is failing)
+        and in a task's thread when the task closes a connection of its own: waiting
+        there held the loop, or the task, for as long as SQS took, up to 10 s a flush.
+        When the worker is shutting down, the channel waits up to
+        :data:`SHUTDOWN_FLUSH_TIMEOUT`: a cold shutdown may end the process without the
+        ``atexit`` flush, and the messages released here would stay hidden for a lease.
         """
         super().close()
-        self.manager.flush(0)
+        if not worker_is_stopping():
+            self.manager.flush(0)
+            return
+        left = self.manager.flush(SHUTDOWN_FLUSH_TIMEOUT)
+        if left:
+            logger.warning(
+                "%d SQS delete(s) or release(s) were not confirmed within %.0f s of closing "
+                "the channel; those messages become visible again when their leases end",
+                left,
+                SHUTDOWN_FLUSH_TIMEOUT,
+            )
 
     def _point_kombu_at(self, delivery_tag: str, lease: Lease) -> None:
         """Make kombu's delete use the newest receipt: SQS ignores a delete by an older one."""

@@ -351,3 +351,35 @@ def test_closing_a_channel_sends_what_is_pending_without_waiting_for_sqs(
 
     assert returned_at_once
     assert manager.stop(5) == 0
+
+
+def test_closing_a_channel_at_a_workers_shutdown_waits_for_sqs(
+    sqs: FakeSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold shutdown may end the process without the atexit flush: the releases of the
+    messages Celery will not run must have landed by then."""
+    state = pytest.importorskip("celery.worker.state")
+    on_the_wire, answer = threading.Event(), threading.Event()
+
+    def slow_delete(_: SQSQueue, leases: Any) -> Any:
+        on_the_wire.set()
+        answer.wait(30)
+        return {lease: (EntryResult.OK, "") for lease in leases}
+
+    monkeypatch.setattr(SQSQueue, "delete", slow_delete)
+    monkeypatch.setattr(state, "should_terminate", 1)
+    manager = VisibilityExtensionManager()
+    channel, delivered = consuming_channel(manager, ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "done"))
+    channel.basic_ack(delivered[0].delivery_tag)
+    assert on_the_wire.wait(5)
+
+    closing = threading.Thread(target=channel.close)
+    closing.start()
+    closing.join(1)
+    waited = closing.is_alive()
+    answer.set()
+    closing.join(5)
+
+    assert waited and not closing.is_alive()
+    assert manager.stop(5) == 0

@@ -514,7 +514,8 @@ def test_the_objects_of_a_delete_by_a_lease_that_ran_out_stay(
     ran_out.lost = True
     deleting: list[list[Lease]] = []
     monkeypatch.setattr(sqs_module, "delete_objects_of", lambda _, found: deleting.append(found))
-    stub.add_response("delete_message_batch", {"Successful": [{"Id": "0"}, {"Id": "1"}], "Failed": []})
+    both_deleted = {"Successful": [{"Id": "0"}, {"Id": "1"}], "Failed": []}
+    stub.add_response("delete_message_batch", both_deleted)
 
     sqs_queue.delete([held, ran_out])
 
