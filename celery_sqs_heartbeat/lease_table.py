@@ -43,6 +43,13 @@ class LeaseTable:
         with self._lock:
             return iter(list(self._delivered.items()))
 
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` is one this table holds, received or delivered."""
+        with self._lock:
+            return any(
+                held is lease for held in [*self._received.values(), *self._delivered.values()]
+            )
+
     def get(self, tag: str) -> Lease | None:
         """The delivered lease behind ``tag``, if it is still held."""
         with self._lock:

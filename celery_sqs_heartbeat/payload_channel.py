@@ -28,6 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from botocore.client import BaseClient
+from celery.utils.log import get_logger
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
 from kombu.utils.objects import cached_property
@@ -39,10 +40,13 @@ from .receive_loop import ReceivingChannel
 from .receive_steps import Received
 
 if TYPE_CHECKING:
+    from .lease_table import LeaseTable
     from .leases import Lease
     from .manager import VisibilityExtensionManager
 
 __all__ = ["PayloadChannel", "ReadingQoS"]
+
+logger = get_logger(__name__)
 
 #: What a read gave, by the message's place in its batch.
 Reads = dict[int, "str | PayloadUnavailable"]
@@ -68,6 +72,7 @@ class PayloadChannel(ReceivingChannel):
     """Large bodies through S3: the send hook, and step 3 of a receive on both paths."""
 
     manager: VisibilityExtensionManager
+    lease_table: LeaseTable
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,9 +133,18 @@ class PayloadChannel(ReceivingChannel):
         self._leases_reading.update(leases)
 
         def work() -> None:
-            kept = first_steps(batch)
-            pointers = _pointers(kept)
-            reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
+            try:
+                kept = first_steps(batch)
+                pointers = _pointers(kept)
+                reads = {
+                    index: _read(store, client, pointer) for index, pointer in pointers.items()
+                }
+            except Exception:
+                # SQS's and S3's errors are answers by now; this is a bug. The batch must
+                # still come back, or it would hold its room in the prefetch window for good.
+                logger.exception("Receiving %d message(s) of %s failed", len(batch), queue_name)
+                waker.call_soon(self._back_unreceived, batch)
+                return
             waker.call_soon(self._back_on_the_loop, batch, kept, pointers, reads, then)
 
         threading.Thread(target=work, name="celery-sqs-heartbeat-receive", daemon=True).start()
@@ -160,6 +174,19 @@ class PayloadChannel(ReceivingChannel):
         finally:
             if not self.closed:
                 self.prefetch_room_freed()
+
+    def _back_unreceived(self, batch: list[Received]) -> None:
+        """On the loop: a batch whose steps failed goes back to SQS, except what is held.
+
+        A message held here already (its lease adopted by the batch's) keeps running.
+        """
+        self.messages_reading -= len(batch)
+        leases = [r.lease for r in batch if r.lease is not None]
+        self._leases_reading.difference_update(leases)
+        unheld = [lease for lease in leases if not self.lease_table.holds(lease)]
+        self.manager.release([(lease, 0) for lease in unheld], "receive failed")
+        if not self.closed:
+            self.prefetch_room_freed()
 
     def close(self) -> None:
         """Messages still being read go back to SQS: no consumer is left to take them."""

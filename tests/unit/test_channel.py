@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from queue import Empty
@@ -17,10 +18,13 @@ from typing import Any
 
 import pytest
 from kombu import Connection
+from kombu.asynchronous import Hub
 from kombu.transport import SQS
 
+from celery_sqs_heartbeat import payload_channel
 from celery_sqs_heartbeat.leases import EntryResult, Lease
 from celery_sqs_heartbeat.manager import VisibilityExtensionManager
+from celery_sqs_heartbeat.payloads import S3Pointer
 from celery_sqs_heartbeat.sqs import SQSQueue
 from celery_sqs_heartbeat.transport import Channel
 
@@ -383,3 +387,34 @@ def test_closing_a_channel_at_a_workers_shutdown_waits_for_sqs(
 
     assert waited and not closing.is_alive()
     assert manager.stop(5) == 0
+
+
+def test_a_batch_whose_steps_fail_off_the_loop_goes_back_and_frees_its_room(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in a step off the event loop must not keep the batch's room in the prefetch
+    window for good, nor its leases renewed: the messages go back to SQS."""
+    channel, delivered = open_channel(large_payload_bucket="tasks")
+
+    def broken_read(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(payload_channel, "_read", broken_read)
+    hub = Hub()
+    channel.hub = hub
+    message = sqs_message(channel, "large")
+    message["Body"] = S3Pointer("tasks", "k-1").body()
+
+    receive(channel, message)
+    deadline = time.monotonic() + 10
+    while channel.messages_reading and time.monotonic() < deadline:
+        hub.run_once()
+    manager.check()
+
+    assert delivered == [] and channel.messages_reading == 0
+    assert len(manager) == 0
+    assert sqs.visibility_changes == [("large", 0)]
