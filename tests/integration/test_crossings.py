@@ -18,7 +18,7 @@ shape, disruption and shape) meets at least once. ``IT_CROSSINGS=all`` runs the 
 product (95 cells: a reconnect is injected through the event loop, which a gevent worker
 has none of), for when someone wants it::
 
-    IT_CROSSINGS=all .venv/bin/python -m pytest tests/integration/test_crossings.py
+    IT_CROSSINGS=all .venv/bin/python -m pytest tests/integration/test_crossings.py -n 3
 
 Leases and tasks are scaled down (3 s leases, 6 s tasks). Times are failure guards only:
 the assertions are counts.

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from queue import Empty
 from typing import Any
@@ -328,11 +329,16 @@ def test_an_answer_read_after_its_lease_was_due_is_not_run_if_sqs_handed_it_out_
     assert len(warnings) == 1, caplog.text
 
 
-def test_closing_a_channel_sends_what_is_pending_without_waiting_for_sqs(
-    sqs: FakeSQS, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 24, item 9: closing a channel waited up to 10 s, twice, for the process's
-    pending deletes: at a reconnect it held the event loop while SQS was failing."""
+@dataclass
+class DeleteOnTheWire:
+    """A channel whose one ack's delete is on the wire until ``answer`` is set."""
+
+    channel: Channel
+    manager: VisibilityExtensionManager
+    answer: threading.Event
+
+
+def delete_on_the_wire(monkeypatch: pytest.MonkeyPatch) -> DeleteOnTheWire:
     on_the_wire, answer = threading.Event(), threading.Event()
 
     def slow_delete(_: SQSQueue, leases: Any) -> Any:
@@ -346,15 +352,24 @@ def test_closing_a_channel_sends_what_is_pending_without_waiting_for_sqs(
     receive(channel, sqs_message(channel, "done"))
     channel.basic_ack(delivered[0].delivery_tag)
     assert on_the_wire.wait(5)
+    return DeleteOnTheWire(channel, manager, answer)
 
-    closing = threading.Thread(target=channel.close)
+
+def test_closing_a_channel_sends_what_is_pending_without_waiting_for_sqs(
+    sqs: FakeSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24, item 9: closing a channel waited up to 10 s, twice, for the process's
+    pending deletes: at a reconnect it held the event loop while SQS was failing."""
+    pending = delete_on_the_wire(monkeypatch)
+
+    closing = threading.Thread(target=pending.channel.close)
     closing.start()
     closing.join(5)
     returned_at_once = not closing.is_alive()
-    answer.set()
+    pending.answer.set()
 
     assert returned_at_once
-    assert manager.stop(5) == 0
+    assert pending.manager.stop(5) == 0
 
 
 def test_closing_a_channel_at_a_workers_shutdown_waits_for_sqs(
@@ -363,30 +378,18 @@ def test_closing_a_channel_at_a_workers_shutdown_waits_for_sqs(
     """A cold shutdown may end the process without the atexit flush: the releases of the
     messages Celery will not run must have landed by then."""
     state = pytest.importorskip("celery.worker.state")
-    on_the_wire, answer = threading.Event(), threading.Event()
-
-    def slow_delete(_: SQSQueue, leases: Any) -> Any:
-        on_the_wire.set()
-        answer.wait(30)
-        return {lease: (EntryResult.OK, "") for lease in leases}
-
-    monkeypatch.setattr(SQSQueue, "delete", slow_delete)
     monkeypatch.setattr(state, "should_terminate", 1)
-    manager = VisibilityExtensionManager()
-    channel, delivered = consuming_channel(manager, ack_batch_interval=0)
-    receive(channel, sqs_message(channel, "done"))
-    channel.basic_ack(delivered[0].delivery_tag)
-    assert on_the_wire.wait(5)
+    pending = delete_on_the_wire(monkeypatch)
 
-    closing = threading.Thread(target=channel.close)
+    closing = threading.Thread(target=pending.channel.close)
     closing.start()
     closing.join(1)
     waited = closing.is_alive()
-    answer.set()
+    pending.answer.set()
     closing.join(5)
 
     assert waited and not closing.is_alive()
-    assert manager.stop(5) == 0
+    assert pending.manager.stop(5) == 0
 
 
 def test_a_batch_whose_steps_fail_off_the_loop_goes_back_and_frees_its_room(
