@@ -14,38 +14,52 @@ pool's ``flush()``, which does nothing: a request handed to them still runs, sta
 not; the threads pool queues it in its executor, for instance. So a message is kept if
 its task started, or if it was handed to a pool that keeps what it was handed.
 
+A task that has *ended* is settled by Celery, not run: ``Request.acknowledge`` (or
+``reject``) marks the request ``acknowledged`` and queues the message's ack on the event
+loop (``Consumer.call_soon_ack``). A reconnect can close the channel before that queued
+ack runs: a solo worker's loop, blocked by the task, fires the overdue reconnect in the
+same turn. Released then, the message would be received and run again, so it is kept
+held too, and the ack deletes it when it runs on the closed channel.
+
 Celery tells the transport of every request through its ``task_received`` signal (sender:
 the consumer, whose ``pool`` it is). Handed to the pool means ``Request.execute_using_pool``
 ran, which leaves ``Request._apply_result`` set (Celery 5.5 to 5.7); Celery has no public
-word for it.
+word for it. A finished request is dropped by Celery before its queued ack runs, so the
+requests are referenced here until kombu forgets their delivery (:func:`forget`).
 """
 
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import Any
 
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 
-__all__ = ["will_run", "worker_is_stopping"]
+__all__ = ["forget", "will_run", "worker_is_stopping"]
 
-#: The requests Celery received and still references, by delivery tag (the receipt
-#: handle of the receive that brought the message). Weak: a request Celery dropped or
-#: finished is forgotten here too.
-_requests: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-#: Whether the pool each request is for runs what it was handed even after a flush.
-_pool_keeps: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+#: The requests of the messages this process holds a lease on, by delivery tag (the
+#: receipt handle of the receive that brought the message), until kombu forgets the
+#: delivery (acked, rejected or released); each with whether its pool runs what it was
+#: handed even after a flush.
+_requests: dict[str, tuple[Any, bool]] = {}
 
 
 def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """Celery's ``task_received``: note the request, and what its pool does at a flush."""
-    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+    """Celery's ``task_received``: note the request, and what its pool does at a flush.
+
+    Only a message the transport holds a lease on is noted: kombu forgets only those
+    (:func:`forget`), and a consumer without acks (``no_ack``) would otherwise fill this.
+    """
+    message = getattr(request, "message", None)
+    tag = getattr(message, "delivery_tag", None)
     pool = getattr(sender, "pool", None)
-    if isinstance(tag, str) and pool is not None:
-        _requests[tag] = request
-        _pool_keeps[request] = _keeps_what_it_was_handed(pool)
+    lease_table = getattr(getattr(message, "channel", None), "lease_table", None)
+    if not isinstance(tag, str) or pool is None or lease_table is None:
+        return
+    if lease_table.get(tag) is None:
+        return
+    _requests[tag] = (request, _keeps_what_it_was_handed(pool))
 
 
 task_received.connect(_remember, weak=False)
@@ -56,18 +70,26 @@ def _keeps_what_it_was_handed(pool: Any) -> bool:
     return getattr(getattr(pool, "flush", None), "__func__", None) is BasePool.flush
 
 
+def forget(delivery_tag: str) -> None:
+    """kombu forgot the delivery (acked, rejected, released): so does this module."""
+    _requests.pop(delivery_tag, None)
+
+
 def will_run(delivery_tag: str, task_id: str | None) -> bool:
-    """Whether Celery will still run the message delivered as ``delivery_tag``.
+    """Whether Celery will still run, or ack or reject, the message delivered as ``delivery_tag``.
 
     Outside a Celery worker (a plain kombu consumer), nothing will: kombu hands a
     message to its consumer only once.
     """
     if task_id is not None and task_id in _started_task_ids():
         return True
-    request = _requests.get(delivery_tag)
-    if request is None:
+    noted = _requests.get(delivery_tag)
+    if noted is None:
         return False
-    return _pool_keeps.get(request, False) and request._apply_result is not None
+    request, pool_keeps = noted
+    if request.acknowledged:
+        return True
+    return pool_keeps and request._apply_result is not None
 
 
 def _started_task_ids() -> set[str]:

@@ -47,8 +47,10 @@ from kombu.asynchronous import set_event_loop
 from kombu.transport import SQS, virtual
 from kombu.utils.objects import cached_property
 
-from . import control  # noqa: F401  (importing registers the sqs_leases inspect commands)
-from .celery_requests import will_run
+from . import (
+    celery_requests,
+    control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
+)
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .lease_queues import lease_queues
 from .lease_table import LeaseTable
@@ -84,11 +86,11 @@ class QoS(ReadingQoS):
 
     def ack(self, delivery_tag: str) -> None:
         super().ack(delivery_tag)
-        self.channel.prefetch_room_freed()
+        self._settled(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         super().reject(delivery_tag, requeue)
-        self.channel.prefetch_room_freed()
+        self._settled(delivery_tag)
 
     def forget(self, delivery_tag: str) -> None:
         """The channel released the message itself: kombu only forgets the delivery.
@@ -97,25 +99,32 @@ class QoS(ReadingQoS):
         backoff visibility by its first receipt handle; none of that is wanted then.
         """
         virtual.QoS.reject(self, delivery_tag, requeue=False)
-        self.channel.prefetch_room_freed()
+        self._settled(delivery_tag)
 
     def restore_unacked(self) -> list[Any]:
         """At channel close: release what Celery will not run instead of restoring copies.
 
         kombu's restore would hide each message again for ``wait_time_seconds``, one call
-        per message. Messages Celery will still run (started, or handed to a pool that
-        runs what it was handed: :mod:`~celery_sqs_heartbeat.celery_requests`) stay held
-        and renewed, so the task can finish and ack; the rest go back to the queue at once.
+        per message. Messages Celery will still run or settle (started, handed to a pool
+        that runs what it was handed, or finished with the ack still queued on the event
+        loop: :mod:`~celery_sqs_heartbeat.celery_requests`) stay held and renewed until
+        their ack or reject; the rest go back to the queue at once.
         """
         leaving = [
             tag
             for tag, lease in self.channel.lease_table.delivered()
-            if tag in self._delivered and not will_run(tag, lease.task_id)
+            if tag in self._delivered and not celery_requests.will_run(tag, lease.task_id)
         ]
         for tag in leaving:
             self._delivered.pop(tag, None)
+            celery_requests.forget(tag)
         self.channel.end_leases(leaving, "shutdown")
         return []
+
+    def _settled(self, delivery_tag: str) -> None:
+        """kombu forgot the delivery: its room in the prefetch and its Celery request go."""
+        celery_requests.forget(delivery_tag)
+        self.channel.prefetch_room_freed()
 
 
 class Channel(ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):

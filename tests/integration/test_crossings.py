@@ -278,12 +278,6 @@ KNOWN_GAPS = {
         "Celery 5.5 never acks the tasks running in a prefork pool at a reconnect "
         "(test_reconnect.py): their messages stay held until the worker stops"
     ),
-    "solo reconnect": (
-        "Open (issue 24, found by this suite): Celery queues a task's ack on the event "
-        "loop; a solo worker's loop, blocked by the task, fires the overdue reconnect in "
-        "the same turn, and the channel's close releases the message whose ack is still "
-        "queued (or kombu's Hub drops the ack with the rest of the turn), so it runs again"
-    ),
 }
 
 
@@ -292,8 +286,6 @@ def known_gap(cell: Cell) -> str | None:
         return None
     if celery.VERSION < (5, 6) and cell.pool == "prefork":
         return KNOWN_GAPS["celery 5.5 prefork reconnect"]
-    if cell.pool == "solo":
-        return KNOWN_GAPS["solo reconnect"]
     return None
 
 

@@ -18,11 +18,12 @@ from queue import Empty
 from typing import Any
 
 import pytest
+from celery.signals import task_received
 from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
 
-from celery_sqs_heartbeat import payload_channel
+from celery_sqs_heartbeat import celery_requests, payload_channel
 from celery_sqs_heartbeat.leases import EntryResult, Lease
 from celery_sqs_heartbeat.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.payloads import S3Pointer
@@ -200,6 +201,66 @@ def test_renewals_after_a_reconnect_go_through_the_live_connections_client(
     receive(second, sqs_message(second, "next"))
 
     assert lease.queue._client_source() is second.sqs(queue="jobs")  # type: ignore[attr-defined]
+
+
+class PreforkPool:
+    """A pool whose ``flush()`` drops what no child accepted, as Celery's prefork does."""
+
+    def flush(self) -> None:
+        pass
+
+
+class Consumer:
+    """What Celery's ``task_received`` is sent by: the consumer, with its pool."""
+
+    pool = PreforkPool()
+
+
+class Request:
+    """What the transport reads of a Celery request."""
+
+    def __init__(self, message: Any, acknowledged: bool) -> None:
+        self.id = "task-1"
+        self.message = message
+        self.acknowledged = acknowledged
+        self._apply_result = None
+
+
+def test_a_task_whose_ack_is_still_queued_at_a_reconnect_is_deleted_not_released(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
+) -> None:
+    """Issue 24, found by the crossing suite: Celery queues a finished task's ack on the
+    event loop; a reconnect that closes the channel before it runs released the message,
+    and it ran again wherever SQS handed it."""
+    channel, delivered = open_channel(ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "finished"))
+    request = Request(delivered[0], acknowledged=True)
+    task_received.send(sender=Consumer(), request=request)
+
+    channel.close()
+    manager.check()
+    delivered[0].ack()
+    manager.check()
+
+    assert sqs.visibility_changes == []
+    assert sqs.deletes == ["finished"]
+    assert not celery_requests.will_run("finished", None)  # forgotten with its delivery
+
+
+def test_a_prefetched_task_of_a_prefork_pool_is_released_at_a_reconnect(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
+) -> None:
+    """The other side: a request the pool dropped at its flush goes back to SQS at once."""
+    channel, delivered = open_channel()
+    receive(channel, sqs_message(channel, "prefetched"))
+    request = Request(delivered[0], acknowledged=False)
+    task_received.send(sender=Consumer(), request=request)
+
+    channel.close()
+    manager.check()
+
+    assert sqs.visibility_changes == [("prefetched", 0)]
+    assert sqs.deletes == []
 
 
 BACKOFF = {"backoff_policy": {1: 5, 2: 60}, "backoff_tasks": [TASK]}
