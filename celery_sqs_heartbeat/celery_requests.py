@@ -15,11 +15,15 @@ not; the threads pool queues it in its executor, for instance. So a message is k
 its task started, or if it was handed to a pool that keeps what it was handed.
 
 A task that has *ended* is settled by Celery, not run: ``Request.acknowledge`` (or
-``reject``) marks the request ``acknowledged`` and queues the message's ack on the event
-loop (``Consumer.call_soon_ack``). A reconnect can close the channel before that queued
-ack runs: a solo worker's loop, blocked by the task, fires the overdue reconnect in the
-same turn. Released then, the message would be received and run again, so it is kept
-held too, and the ack deletes it when it runs on the closed channel.
+``reject``) calls the request's ``on_ack`` (``on_reject``) promise, which queues the
+message's ack on the event loop (``Consumer.call_soon_ack``). A reconnect can close the
+channel before that queued ack runs: a solo worker's loop, blocked by the task, fires the
+overdue reconnect in the same turn. Released then, the message would be received and run
+again. Nor can the channel wait for the queued ack: kombu's Hub takes a turn's queued
+callbacks all at once, and when one raises (the lost connection itself), the rest of
+them are dropped. So a message Celery asked to ack (:func:`asked_to_ack`) is acked at
+the close, as the queued ack would have; one it asked to reject stays held until its
+reject runs.
 
 Celery tells the transport of every request through its ``task_received`` signal (sender:
 the consumer, whose ``pool`` it is). Handed to the pool means ``Request.execute_using_pool``
@@ -36,7 +40,7 @@ from typing import Any
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 
-__all__ = ["forget", "will_run", "worker_is_stopping"]
+__all__ = ["asked_to_ack", "forget", "will_run", "worker_is_stopping"]
 
 #: The requests of the messages this process holds a lease on, by delivery tag (the
 #: receipt handle of the receive that brought the message), until kombu forgets the
@@ -75,8 +79,18 @@ def forget(delivery_tag: str) -> None:
     _requests.pop(delivery_tag, None)
 
 
+def asked_to_ack(delivery_tag: str) -> bool:
+    """Whether Celery has asked to ack the message delivered as ``delivery_tag``.
+
+    True once the request's ``on_ack`` promise was called: the ack itself may still wait
+    on the event loop.
+    """
+    noted = _requests.get(delivery_tag)
+    return noted is not None and getattr(noted[0].on_ack, "ready", False) is True
+
+
 def will_run(delivery_tag: str, task_id: str | None) -> bool:
-    """Whether Celery will still run, or ack or reject, the message delivered as ``delivery_tag``.
+    """Whether Celery will still run, or reject, the message delivered as ``delivery_tag``.
 
     Outside a Celery worker (a plain kombu consumer), nothing will: kombu hands a
     message to its consumer only once.
@@ -87,7 +101,7 @@ def will_run(delivery_tag: str, task_id: str | None) -> bool:
     if noted is None:
         return False
     request, pool_keeps = noted
-    if request.acknowledged:
+    if request.acknowledged:  # settled by Celery: its ack or reject is queued
         return True
     return pool_keeps and request._apply_result is not None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
+from botocore.exceptions import BotoCoreError, ClientError
 from celery.utils.log import get_logger
 from kombu.transport.virtual import Channel as VirtualChannel
 
@@ -128,10 +129,31 @@ class SettlingChannel(ReceivingChannel):
             super()._delete_rejected_message(delivery_tag)
             return
         queue = cast(SQSQueue, lease.queue)
-        if self._has_redrive_policy(queue.name, queue.url):
+        if self._moves_to_dead_letters(queue):
             return  # SQS moves it to the dead-letter queue after maxReceiveCount
         self.lease_table.let_go(delivery_tag)
         self.manager.delete(lease, self._batch_wait(lease))
+
+    def _moves_to_dead_letters(self, queue: SQSQueue) -> bool:
+        """kombu's check of the queue's redrive policy, also after this channel closed.
+
+        A task's reject can run after a reconnect closed the channel that received it,
+        when kombu's own check has no connection left to read through: the lease's queue
+        reads it with the live connection's client. Unreadable, the message is left in
+        the queue, as kombu leaves it.
+        """
+        if self.connection is not None:
+            return bool(self._has_redrive_policy(queue.name, queue.url))
+        try:
+            return queue.has_redrive_policy()
+        except (ClientError, BotoCoreError, OSError) as exc:
+            logger.warning(
+                "Could not read the redrive policy of SQS queue %s (%r): the rejected "
+                "message is left in the queue",
+                queue.name,
+                exc,
+            )
+            return True
 
     def _batch_wait(self, lease: Lease) -> float:
         """How long a delete or release may wait for company in its batch call.

@@ -105,14 +105,22 @@ class QoS(ReadingQoS):
         """At channel close: release what Celery will not run instead of restoring copies.
 
         kombu's restore would hide each message again for ``wait_time_seconds``, one call
-        per message. Messages Celery will still run or settle (started, handed to a pool
-        that runs what it was handed, or finished with the ack still queued on the event
-        loop: :mod:`~celery_sqs_heartbeat.celery_requests`) stay held and renewed until
-        their ack or reject; the rest go back to the queue at once.
+        per message. A message whose task ended and which Celery asked to ack is acked
+        here: the ack queued on the event loop may never run. Messages Celery will still
+        run or reject (started, handed to a pool that runs what it was handed, or with a
+        reject queued: :mod:`~celery_sqs_heartbeat.celery_requests`) stay held and
+        renewed until their ack or reject; the rest go back to the queue at once.
         """
+        delivered = [
+            (tag, lease) for tag, lease in self.channel.lease_table.delivered()
+            if tag in self._delivered
+        ]
+        for tag, _ in delivered:
+            if celery_requests.asked_to_ack(tag):
+                self.channel.basic_ack(tag)
         leaving = [
             tag
-            for tag, lease in self.channel.lease_table.delivered()
+            for tag, lease in delivered
             if tag in self._delivered and not celery_requests.will_run(tag, lease.task_id)
         ]
         for tag in leaving:
