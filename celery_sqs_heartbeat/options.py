@@ -22,7 +22,7 @@ from .sqs_facts import SQS_MAX_HOLD_SECONDS
 
 logger = get_logger(__name__)
 
-__all__ = ["HeartbeatOptions", "InvalidTransportOption"]
+__all__ = ["HeartbeatOptions", "InvalidTransportOption", "warn_about_options"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30
 #: The lease without renewals, when ``visibility_timeout`` is not given: kombu's own.
@@ -113,13 +113,8 @@ class HeartbeatOptions:
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
-        """Validate the user's ``broker_transport_options``.
-
-        kombu passes transport options through untouched, so a misspelt name would be
-        silently ignored; a near miss of one of ours gets a warning naming the option
-        that was probably meant.
-        """
-        _warn_about_near_misses(options)
+        """Validate the user's ``broker_transport_options``; what is only doubtful is
+        said by :func:`warn_about_options`."""
         extension = _boolean(options, "visibility_extension", True)
         default_timeout = DEFAULT_VISIBILITY_TIMEOUT if extension else UNRENEWED_VISIBILITY_TIMEOUT
         visibility_timeout = _whole_seconds(
@@ -138,8 +133,6 @@ class HeartbeatOptions:
             eta_parking=_boolean(options, "eta_parking", True),
         )
         if not extension:
-            if _given(options, "visibility_timeout", None) is not None:
-                _warn_leases_not_renewed(visibility_timeout)
             return replace(
                 base,
                 eta_parking_threshold=_parking_threshold(
@@ -218,15 +211,36 @@ def _interval(
     return interval
 
 
+def warn_about_options(options: Mapping[str, Any], parsed: HeartbeatOptions) -> None:
+    """Warn, once per process, of what ``options`` (read as ``parsed``) may not mean.
+
+    Called when a connection opens its first channel, not when the options are read: a
+    Celery worker first reads them (building its transport to ask what it supports)
+    before its logging is set up, and a warning given then was lost, for good once it
+    was given only once.
+    """
+    _warn_about_near_misses(options)
+    given_timeout = _given(options, "visibility_timeout", None)
+    if not parsed.visibility_extension and given_timeout is not None:
+        _warn_leases_not_renewed(parsed.visibility_timeout)
+
+
 def _warn_about_near_misses(options: Mapping[str, Any]) -> None:
+    """kombu passes transport options through untouched, so a misspelt name would be
+    silently ignored; a near miss of one of ours names the option probably meant."""
     for name in options:
         if name in OPTION_NAMES:
             continue
         close = difflib.get_close_matches(str(name), OPTION_NAMES, n=1, cutoff=0.8)
         if close:
-            logger.warning(
-                "Unknown transport option %r, did you mean %r? It is ignored.", name, close[0]
-            )
+            _warn_near_miss(str(name), close[0])
+
+
+@cache
+def _warn_near_miss(name: str, meant: str) -> None:
+    """Once per process and name: a worker connects several times (its consumer, remote
+    control, a reconnect), and Celery builds its transport four times to start."""
+    logger.warning("Unknown transport option %r, did you mean %r? It is ignored.", name, meant)
 
 
 def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -364,8 +378,8 @@ def _parking_threshold(options: Mapping[str, Any], hold: float, named: str) -> f
 
 @cache
 def _warn_leases_not_renewed(visibility_timeout: int) -> None:
-    """Once per process and value: every connection of a worker parses the options, and
-    one setting warned about several times reads as several problems."""
+    """Once per process and value: every connection of a worker warns, and one setting
+    warned about several times reads as several problems."""
     logger.warning(
         "visibility_extension is False: SQS leases are not renewed, so a task still "
         "running (or waiting for its ETA) visibility_timeout=%d s after its receive "

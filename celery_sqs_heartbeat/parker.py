@@ -31,6 +31,7 @@ from .manager import VisibilityExtensionManager
 from .options import HeartbeatOptions
 from .parking import PARK_WAIT_SHARE, ParkingPolicy, read_due
 from .receive_steps import Received
+from .reporting import PARKED_REASON
 from .sqs import SQSQueue
 from .sqs_facts import is_fifo
 
@@ -92,7 +93,7 @@ class Parker:
                 (due.eta or now) - now,
             )
         if parked:
-            self.manager.release(parked, "parked", wait)
+            self.manager.release(parked, PARKED_REASON, wait)
         if copies:
             _start(self._send_fresh_copies, queue, copies)
         return staying, len(parked) + len(copies)
@@ -137,7 +138,7 @@ class Parker:
                     lease.describe(),
                     reason,
                 )
-                self.manager.release([(lease, delay)], "parked", wait)
+                self.manager.release([(lease, delay)], PARKED_REASON, wait)
 
 
 def _start(target: Callable[..., None], *args: Any) -> None:

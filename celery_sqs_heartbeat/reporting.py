@@ -10,7 +10,8 @@ Every renewal call, failed entry, lost lease and release is counted in
 :mod:`celery_sqs_heartbeat.metrics`, with the time each lease had left when its renewal
 went out. The counts are logged in one DEBUG line: at the first check that has
 something to report, then every :data:`SUMMARY_INTERVAL` while leases are held or the
-counts moved.
+counts moved. Renewals are logged at DEBUG only; a lost lease is a WARNING, and every
+message handed back to SQS (a reject, a release at shutdown) one INFO line a call.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Protocol
 from . import signals
 from .leases import EntryResult, Lease, RenewalBatch, Settlement
 from .metrics import LeaseMetrics, MetricsSnapshot, failure_code
-from .outbox import OutboxSettlement
+from .outbox import OutboxSettlement, Outgoing
 
 __all__ = ["SUMMARY_INTERVAL", "LeaseReporter"]
 
@@ -32,6 +33,10 @@ __all__ = ["SUMMARY_INTERVAL", "LeaseReporter"]
 #: flooded: many renewals per second still make one line a minute. The first summary
 #: comes at once, so whoever turns DEBUG on sees right away that renewals run.
 SUMMARY_INTERVAL = 60.0
+
+#: The reason :mod:`celery_sqs_heartbeat.parker` releases a far-ETA task with. The
+#: parker logs each park at INFO itself, so these releases are not logged again.
+PARKED_REASON = "parked"
 
 
 class NamedQueue(Protocol):
@@ -145,6 +150,7 @@ class LeaseReporter:
                 delay=item.delay,
                 reason=item.reason,
             )
+        self._log_released(queue, settlement.done)
         for item, reason in settlement.beyond_limit:
             self._logger.info(
                 "SQS would not hide %s on queue %s past 12 hours from its receive (%s); "
@@ -162,6 +168,19 @@ class LeaseReporter:
                 queue.name,
                 reason,
             )
+
+    def _log_released(self, queue: NamedQueue, done: Iterable[Outgoing]) -> None:
+        """One INFO line a release call: a task handed back to SQS is seen at INFO.
+
+        Parked tasks are left out: the parker logged each at INFO when it parked it.
+        """
+        shown = [
+            f"{item.lease.describe()} ({item.reason}, visible again in {item.delay} s)"
+            for item in done
+            if item.reason != PARKED_REASON
+        ]
+        if shown:
+            self._logger.info("Released to SQS on queue %s: %s", queue.name, ", ".join(shown))
 
     def queue_health(
         self, queue: NamedQueue, activity: str, results: Iterable[tuple[EntryResult, str]]

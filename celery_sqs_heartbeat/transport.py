@@ -50,6 +50,7 @@ from kombu.utils.objects import cached_property
 from . import (
     celery_requests,
     control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
+    settings_line,  # noqa: F401  (importing registers the start-up line of the settings)
 )
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .lease_queues import lease_queues
@@ -66,6 +67,7 @@ from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_steps import Received, ReceiveSteps
 from .settling import SettlingChannel
 from .sqs import SQSQueue
+from .startup import StartupChecks
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -135,7 +137,7 @@ class QoS(ReadingQoS):
         self.channel.prefetch_room_freed()
 
 
-class Channel(ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
+class Channel(StartupChecks, ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS

@@ -31,7 +31,8 @@ app.conf.update(
     broker_url=os.environ["IT_BROKER_URL"],
     broker_transport=os.environ.get("IT_TRANSPORT", "celery_sqs_heartbeat:Transport"),
     broker_transport_options=_transport_options(),
-    broker_connection_retry_on_startup=False,
+    # Celery's default retries at start-up; the tests stop at once unless they need it.
+    broker_connection_retry_on_startup=os.environ.get("IT_RETRY_ON_STARTUP") == "1",
     task_default_queue=os.environ.get("IT_QUEUE", "it-default"),
     task_acks_late=os.environ.get("IT_ACKS_LATE", "1") == "1",
     task_acks_on_failure_or_timeout=os.environ.get("IT_ACKS_ON_FAILURE", "1") == "1",

@@ -348,10 +348,37 @@ def test_a_12_hour_backoff_is_cut_to_what_sqs_allows_after_the_receive(
 
     assert queue.calls[renewals:] == [[(lease, LONGEST_HIDE - 1000)]]
     assert [signal["delay"] for signal in released] == [LONGEST_HIDE - 1000]
-    (note,) = infos_in(caplog)
+    note, release = infos_in(caplog)
     assert "tasks.backoff[t-b]" in note
     assert "43200" in note
     assert str(LONGEST_HIDE - 1000) in note
+    assert release == (
+        "Released to SQS on queue jobs: task tasks.backoff[t-b] "
+        f"(failure, visible again in {LONGEST_HIDE - 1000} s)"
+    )
+
+
+def test_each_release_call_is_one_info_line_and_parks_are_not_logged_again(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failed = tracked(manager, queue, task_id="t-f", task_name="tasks.fails")
+    unstarted = tracked(manager, queue, task_id="t-u", task_name="tasks.waits")
+    parked = tracked(manager, queue, task_id="t-p", task_name="tasks.later")
+
+    with caplog.at_level(logging.INFO, logger=MANAGER_LOGGER):
+        manager.release([(failed, 60)], "failure")
+        manager.release([(unstarted, 0)], "shutdown")
+        manager.release([(parked, 600)], "parked")
+        manager.check()
+
+    assert len(queue.calls) == 1  # one call for the three
+    assert infos_in(caplog) == [
+        "Released to SQS on queue jobs: task tasks.fails[t-f] (failure, visible again in 60 s), "
+        "task tasks.waits[t-u] (shutdown, visible again in 0 s)"
+    ]
 
 
 def test_a_park_sent_after_its_wait_for_company_is_cut_to_the_12_hours(
@@ -427,8 +454,12 @@ def test_a_release_sqs_refuses_as_past_the_12_hours_is_sent_again_as_visible_now
     assert lost == []
     assert counters.snapshot().leases_lost == 0
     assert warnings_in(caplog) == []
-    (note,) = infos_in(caplog)
+    note, release = infos_in(caplog)
     assert "tasks.rel[t-r]" in note
+    assert (
+        release
+        == "Released to SQS on queue jobs: task tasks.rel[t-r] (failure, visible again in 0 s)"
+    )
     assert counted.flush(0) == 0
 
 

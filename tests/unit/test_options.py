@@ -9,14 +9,29 @@ import pytest
 from kombu.transport import SQS
 
 from celery_sqs_heartbeat import options as options_module
-from celery_sqs_heartbeat.options import OPTION_NAMES, HeartbeatOptions, InvalidTransportOption
+from celery_sqs_heartbeat.options import (
+    OPTION_NAMES,
+    HeartbeatOptions,
+    InvalidTransportOption,
+    warn_about_options,
+)
 
 OPTIONS_LOGGER = "celery_sqs_heartbeat.options"
 KOMBU_DEFAULT_LEASE = SQS.Channel.default_visibility_timeout
 
 
+@pytest.fixture(autouse=True)
+def fresh_warnings() -> None:
+    """The option warnings are logged once per process; each test starts afresh."""
+    options_module._warn_leases_not_renewed.cache_clear()
+    options_module._warn_near_miss.cache_clear()
+
+
 def parse(**options: Any) -> HeartbeatOptions:
-    return HeartbeatOptions.from_transport_options(options)
+    """The options read, and warned about, as a connection does."""
+    parsed = HeartbeatOptions.from_transport_options(options)
+    warn_about_options(options, parsed)
+    return parsed
 
 
 def test_defaults_when_no_option_is_given() -> None:
@@ -279,6 +294,32 @@ def test_a_near_miss_of_an_option_name_warns_naming_the_intended_option(
     assert options == HeartbeatOptions()
 
 
+def test_a_near_miss_is_warned_about_once_however_often_the_options_are_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=OPTIONS_LOGGER):
+        # A worker builds its transport four times: for Celery's questions, its banner
+        # and its consumer; each build reads the options.
+        for _ in range(4):
+            parse(visiblity_timeout=300)
+        parse(release_on_failur=True)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "'visiblity_timeout'" in warnings[0]
+    assert "'release_on_failur'" in warnings[1]
+
+
+def test_reading_the_options_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A Celery worker reads them before its logging is set up: a warning then is lost."""
+    with caplog.at_level(logging.DEBUG, logger=OPTIONS_LOGGER):
+        HeartbeatOptions.from_transport_options(
+            {"visiblity_timeout": 300, "visibility_extension": False, "visibility_timeout": 60}
+        )
+
+    assert caplog.records == []
+
+
 def test_kombus_own_sqs_options_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
     kombu_options = {
         "region": "eu-west-1",
@@ -506,12 +547,6 @@ def test_a_parking_threshold_of_half_the_extension_max_is_kept() -> None:
 # --- visibility_extension: False ----------------------------------------------------------
 
 
-@pytest.fixture
-def fresh_warnings() -> None:
-    """The start-up warning is logged once per process; each test starts afresh."""
-    options_module._warn_leases_not_renewed.cache_clear()
-
-
 @pytest.mark.parametrize("unset", [{}, {"visibility_timeout": None}, {"visibility_timeout": ""}])
 def test_without_renewals_the_lease_defaults_to_kombus_own(unset: dict[str, Any]) -> None:
     """Opting out of renewals gets kombu's lease, not a 30 s one nothing renews."""
@@ -524,7 +559,6 @@ def test_with_renewals_the_lease_still_defaults_to_30_seconds() -> None:
     assert parse(visibility_extension=True).visibility_timeout == 30
 
 
-@pytest.mark.usefixtures("fresh_warnings")
 def test_without_renewals_a_given_lease_is_kept_and_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -540,7 +574,6 @@ def test_without_renewals_a_given_lease_is_kept_and_warned_about_once(
     assert "runs again" in warning
 
 
-@pytest.mark.usefixtures("fresh_warnings")
 @pytest.mark.parametrize(
     "given",
     [
