@@ -75,6 +75,8 @@ OPTION_NAMES = (
     "large_payload_keep_objects",
     "eta_parking",
     "eta_parking_threshold",
+    # Read by celery_sqs_heartbeat.event_fanout.
+    "events_through_sns",
 )
 
 

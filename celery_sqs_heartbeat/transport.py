@@ -50,9 +50,11 @@ from kombu.utils.objects import cached_property
 from . import (
     celery_requests,
     control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
+    remote_control_notice,  # noqa: F401  (importing registers its start-up line)
     settings_line,  # noqa: F401  (importing registers the start-up line of the settings)
 )
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
+from .event_fanout import EventFanoutChannel, events_through_sns
 from .lease_queues import lease_queues
 from .lease_table import LeaseTable
 from .leases import LeasePolicy
@@ -63,6 +65,7 @@ from .payload_channel import PayloadChannel, ReadingQoS
 from .payload_options import LargePayloadOptions
 from .payload_store import PayloadStore
 from .prometheus import start_exporter
+from .queue_cleanup import DeletesAutoDeleteQueues
 from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_steps import Received, ReceiveSteps
 from .settling import SettlingChannel
@@ -137,7 +140,14 @@ class QoS(ReadingQoS):
         self.channel.prefetch_room_freed()
 
 
-class Channel(StartupChecks, ForgetsDeletedQueueUrls, SettlingChannel, PayloadChannel):
+class Channel(
+    StartupChecks,
+    EventFanoutChannel,
+    DeletesAutoDeleteQueues,
+    ForgetsDeletedQueueUrls,
+    SettlingChannel,
+    PayloadChannel,
+):
     """kombu's SQS channel, holding a lease on every message it received and not acked."""
 
     QoS = QoS
@@ -329,6 +339,7 @@ class Transport(SQS.Transport):
             client.transport_options or {}
         )
         payload_options = LargePayloadOptions.from_transport_options(client.transport_options or {})
+        events_through_sns(client.transport_options or {})
         self.payload_store = PayloadStore(payload_options)
         super().__init__(client, **kwargs)
         if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:
