@@ -149,8 +149,8 @@ def _violations(runs: Sequence[Run]) -> list[str]:
 def targets(runs: Sequence[Run], sides: Sequence[Side]) -> str:
     """The issue's two targets, per side of ours, as median figures."""
     lines = [
-        f"Targets (the issue): at most {TARGET_REQUESTS_PER_TASK} SQS requests per task "
-        "(the issue's stock reference: 1.27), and no throughput loss at 0 ms."
+        f"Targets: at most {TARGET_REQUESTS_PER_TASK} SQS requests per task "
+        "(stock made 1.27 when they were set), and no throughput loss at 0 ms."
     ]
     for side in sides:
         if side is STOCK:

@@ -1,6 +1,6 @@
-"""The README's S3 statements for large task messages, proven with IAM enforced.
+"""The S3 statements of docs/iam.md for large task messages, proven with IAM enforced.
 
-The SQS policies and the S3 statements are read from README.md as published, merged as a
+The SQS policies and the S3 statements are read from docs/iam.md as published, merged as a
 user attaches them, and run by a real producer and worker on a server that enforces IAM
 for SQS and S3 alike.
 """
@@ -20,7 +20,14 @@ import pytest
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 from .harness import Bed, settle
-from .test_iam_policy import Keys, make_user, readme_policy, without_action, worker_env, workers
+from .test_iam_policy import (
+    Keys,
+    make_user,
+    published_policy,
+    without_action,
+    worker_env,
+    workers,
+)
 
 BUCKET = "celery-it-payloads"
 PREFIX = "celery/"
@@ -28,15 +35,15 @@ LARGE = 1_100_000
 
 
 def s3_statements(role: str) -> list[dict[str, Any]]:
-    """The README's S3 statements of ``role`` (worker, producer), for the test's bucket."""
-    s3 = json.loads(json.dumps(readme_policy(f"{role}-s3")).replace("BUCKET", BUCKET))
+    """The published S3 statements of ``role`` (worker, producer), for the test's bucket."""
+    s3 = json.loads(json.dumps(published_policy(f"{role}-s3")).replace("BUCKET", BUCKET))
     statements: list[dict[str, Any]] = s3["Statement"]
     return statements
 
 
 def with_s3(role: str) -> dict[str, Any]:
     """The role's SQS policy with its S3 statements added."""
-    sqs = readme_policy(role)
+    sqs = published_policy(role)
     return {**sqs, "Statement": [*sqs["Statement"], *s3_statements(role)]}
 
 

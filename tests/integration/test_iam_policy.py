@@ -1,6 +1,6 @@
-"""The README's least IAM policies, proven by real workers on a server that enforces IAM.
+"""The least IAM policies of docs/iam.md, proven by real workers on a server that enforces IAM.
 
-The policies are read from README.md as published, so that the documents users copy are
+The policies are read from docs/iam.md as published, so that the documents users copy are
 the ones that ran here. moto evaluates fewer policy features than AWS (see
 ``StrictSQSServer.enforce_iam``), but none that these policies use.
 """
@@ -33,12 +33,15 @@ NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
 Keys = tuple[str, str]
 
 
-def readme_policy(role: str) -> dict[str, Any]:
-    """The policy document that follows ``<!-- iam-policy: ROLE -->`` in README.md."""
-    readme = (REPO / "README.md").read_text()
+POLICIES_PAGE = REPO / "docs" / "iam.md"
+
+
+def published_policy(role: str) -> dict[str, Any]:
+    """The policy document that follows ``<!-- iam-policy: ROLE -->`` in docs/iam.md."""
+    page = POLICIES_PAGE.read_text()
     marker = f"<!-- iam-policy: {role} -->"
-    assert readme.count(marker) == 1, f"README.md must hold {marker} exactly once"
-    block = re.match(r"\s*```json\n(.*?)\n```", readme.split(marker, 1)[1], re.DOTALL)
+    assert page.count(marker) == 1, f"docs/iam.md must hold {marker} exactly once"
+    block = re.match(r"\s*```json\n(.*?)\n```", page.split(marker, 1)[1], re.DOTALL)
     assert block is not None, f"no ```json block right after {marker}"
     text = block.group(1).replace("REGION", StrictSQSServer.REGION)
     document: dict[str, Any] = json.loads(text.replace("ACCOUNT_ID", ACCOUNT_ID))
@@ -127,8 +130,8 @@ def enforced() -> Iterator[Enforced]:
     """Its own server: enforcement cannot be turned off, and would fail the other tests."""
     with StrictSQSServer() as server:
         iam = boto3.client("iam", **server.boto3_kwargs)
-        worker_policy = readme_policy("worker")
-        producer_policy = readme_policy("producer")
+        worker_policy = published_policy("worker")
+        producer_policy = published_policy("producer")
         everything = {
             "Version": "2012-10-17",
             "Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}],

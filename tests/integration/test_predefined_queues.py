@@ -8,7 +8,7 @@ enforces IAM:
 - ``sts_role_arn``: the worker's base credentials may only assume a role, and only the
   role may use the queue. kombu refreshes the role's credentials while a task runs.
 
-In both, each queue's key (or the role) is also allowed the README's worker S3 statements
+In both, each queue's key (or the role) is also allowed the worker S3 statements of docs/iam.md
 on the large-payload bucket, and no other key is: a task whose body went through S3 runs
 only if its object is read, and deleted, with the queue's own credentials.
 
@@ -80,7 +80,7 @@ def allow(actions: list[str] | str, resource: str) -> dict[str, Any]:
 
 
 def worker_policy(queue: str) -> dict[str, Any]:
-    """A worker's rights on ``queue``, and the README's worker S3 statements."""
+    """A worker's rights on ``queue``, and the worker S3 statements of docs/iam.md."""
     policy = allow(WORKER_ACTIONS, queue_arn(queue))
     return {**policy, "Statement": [*policy["Statement"], *s3_statements("worker")]}
 
@@ -322,6 +322,9 @@ def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         )
         server.enforce_iam()
         _moto_api(server, "POST", "start-recording")
+        # moto writes its recording file at the first request recorded: one now, so that
+        # any test of the module may read the recording first, whichever runs alone.
+        result.sqs(result.ops).list_queues()
         yield result
     finally:
         server.stop()
