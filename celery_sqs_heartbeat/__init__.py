@@ -9,8 +9,17 @@ Turn it on with configuration alone::
 
 from __future__ import annotations
 
+from .batch_publishing import PublishingFailed, publishing_in_batches
 from .options import HeartbeatOptions, InvalidTransportOption
 from .transport import Channel, QoS, Transport
 
-__all__ = ["Channel", "HeartbeatOptions", "InvalidTransportOption", "QoS", "Transport"]
+__all__ = [
+    "Channel",
+    "HeartbeatOptions",
+    "InvalidTransportOption",
+    "PublishingFailed",
+    "QoS",
+    "Transport",
+    "publishing_in_batches",
+]
 __version__ = "0.1.0"

@@ -31,8 +31,10 @@ from .sqs_facts import (
 
 __all__ = [
     "MAX_CALLS_IN_FLIGHT",
+    "MAX_PUBLISH_CALLS_IN_FLIGHT",
     "MAX_SENDS_IN_FLIGHT",
     "SQSQueue",
+    "publish_client",
     "receive_client",
     "renewal_client",
 ]
@@ -71,7 +73,23 @@ RECEIVE_CLIENT_CONFIG = Config(
     connect_timeout=5, read_timeout=SQS_MAX_WAIT_SECONDS + 5, retries={"total_max_attempts": 1}
 )
 
+#: SendMessageBatch calls a batch-publishing process has on the wire at once
+#: (:mod:`celery_sqs_heartbeat.batch_publishing`), one per sending thread, each with a
+#: connection of its own. One Python process builds some 500 to 600 tasks a second with
+#: ``apply_async`` (docs/benchmarks.md): eight calls of ten keep up with it up to 50 ms a
+#: call (four fell to about 430 a second there, two to 260), and a waiting thread costs
+#: the producer nothing.
+MAX_PUBLISH_CALLS_IN_FLIGHT = 8
+
+#: The batch publisher retries with a backoff of its own (:mod:`celery_sqs_heartbeat.publish_book`),
+#: entry by entry, so botocore makes one attempt: its retries would resend the whole
+#: call, entries SQS took included, and hide throttling from the backoff.
+PUBLISH_CLIENT_CONFIG = Config(
+    connect_timeout=5, read_timeout=20, retries={"total_max_attempts": 1}
+)
+
 _renewal_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
+_publish_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 _receive_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 #: Making a client loads SQS's service model: a fifth of a second of interpreter time and
 #: several MB. Calls start on threads of their own, tens at once after a burst of acks or
@@ -89,8 +107,9 @@ def _reset_at_fork() -> None:
     (a replaced one, ``max_tasks_per_child``), would wait on it for ever. And a client
     made in the parent shares its connection pools, sockets and all, with the child.
     """
-    global _renewal_clients, _receive_clients, _making_clients
+    global _renewal_clients, _receive_clients, _making_clients, _publish_clients
     _renewal_clients = weakref.WeakKeyDictionary()
+    _publish_clients = weakref.WeakKeyDictionary()
     _receive_clients = weakref.WeakKeyDictionary()
     _making_clients = threading.Lock()
 
@@ -109,6 +128,14 @@ def renewal_client(source: BaseClient) -> BaseClient:
 def receive_client(source: BaseClient) -> BaseClient:
     """The queue's own client, but with :data:`RECEIVE_CLIENT_CONFIG`."""
     return _derived_client(source, RECEIVE_CLIENT_CONFIG, _receive_clients)
+
+
+def publish_client(source: BaseClient) -> BaseClient:
+    """The queue's own client (kombu's: a predefined queue's STS role holds), with
+    :data:`PUBLISH_CLIENT_CONFIG`."""
+    pool = max(source.meta.config.max_pool_connections, MAX_PUBLISH_CALLS_IN_FLIGHT)
+    config = PUBLISH_CLIENT_CONFIG.merge(Config(max_pool_connections=pool))
+    return _derived_client(source, config, _publish_clients)
 
 
 def _derived_client(

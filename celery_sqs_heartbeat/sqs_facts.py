@@ -18,12 +18,15 @@ __all__ = [
     "LOST_LEASE_CODES",
     "QUEUE_MISSING_CODES",
     "RECEIVE_COUNT_ATTRIBUTE",
+    "SEND_REFUSED_CODES",
     "SQS_BATCH_SIZE",
+    "SQS_MAX_BATCH_SEND_SIZE",
     "SQS_MAX_DELAY_SECONDS",
     "SQS_MAX_HOLD_SECONDS",
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
     "SQS_MAX_MESSAGE_SIZE",
+    "THROTTLING_CODES",
     "canonical_code",
     "error_code",
     "is_beyond_hold_limit",
@@ -40,6 +43,11 @@ SQS_MAX_MESSAGES = 10
 #: The largest message SQS takes, body and attributes, in bytes (1 MiB since August 2025;
 #: a queue's ``MaximumMessageSize`` may be lower, 256 KiB on queues never raised).
 SQS_MAX_MESSAGE_SIZE = 1_048_576
+
+#: SendMessageBatch takes at most this many bytes in all, every message's body and
+#: attributes summed (SQS refuses a longer call whole: ``BatchRequestTooLong``). The
+#: same 1 MiB as one message, so a message SQS takes alone always fits a call alone.
+SQS_MAX_BATCH_SEND_SIZE = SQS_MAX_MESSAGE_SIZE
 
 #: SQS never keeps a message invisible for longer than 12 hours after one receive: a
 #: visibility timeout above this is refused, and renewals cannot push past it either.
@@ -94,6 +102,32 @@ FATAL_CODES = QUEUE_MISSING_CODES | frozenset(
         "KmsInvalidState",
         "KmsNotFound",
         "KmsOptInRequired",
+    }
+)
+
+
+#: Codes by which SQS (or KMS behind it) asks the caller to slow down: worth asking
+#: again, later. SQS words them differently by protocol and age (``Throttling`` in the
+#: query protocol, ``ThrottlingException`` in JSON, ``RequestThrottled`` per entry).
+THROTTLING_CODES = frozenset({"Throttling", "RequestThrottled", "KmsThrottled"})
+
+#: Codes that refuse a message to be sent, whole call or one entry, for good: the same
+#: message would be refused again. Anything else is worth another try, like an unknown
+#: code elsewhere: a retry costs one call, a message given up costs a task.
+SEND_REFUSED_CODES = FATAL_CODES | frozenset(
+    {
+        "InvalidParameterValue",
+        "InvalidMessageContents",
+        "MissingParameter",
+        "UnsupportedOperation",
+        "InvalidAttributeName",
+        "InvalidAttributeValue",
+        "BatchRequestTooLong",
+        "MessageTooLong",
+        "TooManyEntriesInBatchRequest",
+        "BatchEntryIdsNotDistinct",
+        "InvalidBatchEntryId",
+        "EmptyBatchRequest",
     }
 )
 

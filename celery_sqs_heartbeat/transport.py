@@ -65,6 +65,7 @@ from .payload_channel import PayloadChannel, ReadingQoS
 from .payload_options import LargePayloadOptions
 from .payload_store import PayloadStore
 from .prometheus import start_exporter
+from .publishing_channel import BatchPublishingChannel
 from .queue_cleanup import DeletesAutoDeleteQueues
 from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_steps import Received, ReceiveSteps
@@ -142,6 +143,7 @@ class QoS(ReadingQoS):
 
 class Channel(
     StartupChecks,
+    BatchPublishingChannel,
     EventFanoutChannel,
     DeletesAutoDeleteQueues,
     ForgetsDeletedQueueUrls,

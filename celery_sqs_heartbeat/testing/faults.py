@@ -13,9 +13,9 @@ Faults come in five shapes, so that scenarios can simulate both blips and outage
   probability p, from an optionally seeded generator so that a run can be repeated;
 * a latency (``add_latency``): every call of some or all actions is answered that much
   later;
-* entry faults (``fail_entries``): the next entries of DeleteMessageBatch or
-  ChangeMessageVisibilityBatch calls fail one by one with an error code, the rest of
-  each call going through.
+* entry faults (``fail_entries``): the next entries of DeleteMessageBatch,
+  ChangeMessageVisibilityBatch or SendMessageBatch calls fail one by one with an error
+  code, the rest of each call going through.
 
 S3 calls through the same server (``s3:GetObject``, ``s3:PutObject``, ...) take every
 shape but entry faults, answered in S3's XML: throttle as 503 ``SlowDown``,
@@ -64,7 +64,11 @@ client whose read timeout is shorter sees as a read timeout.
 None of them reaches moto, except delay.
 """
 
-BATCH_ACTIONS_WITH_ENTRY_FAULTS = ("DeleteMessageBatch", "ChangeMessageVisibilityBatch")
+BATCH_ACTIONS_WITH_ENTRY_FAULTS = (
+    "DeleteMessageBatch",
+    "ChangeMessageVisibilityBatch",
+    "SendMessageBatch",
+)
 """SQS answers these entry by entry, so only they can fail part of a call."""
 
 

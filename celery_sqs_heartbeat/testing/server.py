@@ -216,7 +216,8 @@ class StrictSQSServer:
 
         The rest of each call goes through: SQS answers a batch entry by entry, and a
         client must retry just the entries that failed. ``action`` is
-        ``DeleteMessageBatch`` or ``ChangeMessageVisibilityBatch``; ``InternalError`` and
+        ``DeleteMessageBatch``, ``ChangeMessageVisibilityBatch`` or ``SendMessageBatch``
+        (whose failed entries are not sent); ``InternalError`` and
         ``ServiceUnavailable`` come as SQS's fault, any other code as the sender's.
         """
         self._control("POST", "entry_faults", {"action": action, "code": code, "count": count})

@@ -534,6 +534,56 @@ def test_entry_faults_fail_single_entries_and_let_the_rest_through(
     assert sqs_server.pending_faults() == []
 
 
+def test_send_entry_faults_fail_single_entries_and_send_only_the_rest(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.fail_entries("SendMessageBatch", "InternalError", count=1)
+    sqs_server.fail_entries("SendMessageBatch", "InvalidMessageContents", count=1)
+    entries = [{"Id": str(n), "MessageBody": f"m{n}"} for n in range(4)]
+
+    answer = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+
+    assert sorted(entry["Id"] for entry in answer["Successful"]) == ["2", "3"]
+    assert [(f["Id"], f["Code"], f["SenderFault"]) for f in answer["Failed"]] == [
+        ("0", "InternalError", False),
+        ("1", "InvalidMessageContents", True),
+    ]
+    bodies = sorted(receive_one(sqs, queue_url, 30)["Body"] for _ in range(2))
+    assert bodies == ["m2", "m3"]
+    receive_none(sqs, queue_url)
+    assert sqs_server.pending_faults() == []
+
+
+def test_a_send_answers_alike_on_a_long_queue_and_counts_it_right(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    """The server's sends read one queue attribute; GetQueueAttributes still counts all."""
+    for start in range(0, 30, 10):
+        entries = [{"Id": str(n), "MessageBody": f"m{start + n}"} for n in range(10)]
+        assert len(sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)["Successful"]) == 10
+    sqs.send_message(QueueUrl=queue_url, MessageBody="last")
+    counts = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
+    assert counts["ApproximateNumberOfMessages"] == "31"
+
+
+@pytest.mark.parametrize("by_content", [True, False])
+def test_a_fifo_send_reads_the_queue_s_content_based_deduplication(
+    sqs: Any, by_content: bool
+) -> None:
+    url = sqs.create_queue(
+        QueueName=f"testbed-{uuid.uuid4().hex[:12]}.fifo",
+        Attributes={"FifoQueue": "true", "ContentBasedDeduplication": str(by_content).lower()},
+    )["QueueUrl"]
+    if not by_content:
+        with pytest.raises(ClientError):
+            sqs.send_message(QueueUrl=url, MessageBody="same", MessageGroupId="g")
+        return
+    for _ in range(2):
+        sqs.send_message(QueueUrl=url, MessageBody="same", MessageGroupId="g")
+    assert receive_one(sqs, url, 30)["Body"] == "same"
+    receive_none(sqs, url)
+
+
 def test_server_error_fault_has_no_side_effect(
     sqs_server: StrictSQSServer, sqs: Any, queue_url: str
 ) -> None:

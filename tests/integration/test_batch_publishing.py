@@ -1,0 +1,256 @@
+"""Publishing in SendMessageBatch calls inside ``publishing_in_batches()`` (issue 27).
+
+A producer (this test process, or one of its own that the test kills) publishes inside a
+scope; the strict server counts the calls and their entries, and a real ``celery worker``
+runs what SQS holds, each task's run in its record. What each test shows fails without
+the scope: every publish is then a ``SendMessage`` of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from celery import Celery, group
+
+from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
+from celery_sqs_heartbeat.sqs import MAX_PUBLISH_CALLS_IN_FLIGHT
+from celery_sqs_heartbeat.sqs_facts import SQS_BATCH_SIZE
+
+from .harness import REPO, Bed, report, tally, wait_for, worker
+from .test_fifo import fifo_queue, in_order_one_at_a_time, queue_counts
+from .test_large_payloads import LARGE, new_bucket, objects
+
+LEASE = 10
+#: A 215 kB body once kombu base64-encodes it twice: under the S3 threshold, six past 1 MiB.
+MEDIUM = 120_000
+BUSY = "tests.integration.app.busy"
+SIZED = "tests.integration.app.sized"
+
+
+def producer(bed: Bed, **options: Any) -> Celery:
+    """The test's own producer: this transport, the bed's server and queue."""
+    app = Celery("batch-producer", set_as_current=False)
+    app.conf.update(
+        broker_url=bed.server.broker_url,
+        broker_transport="celery_sqs_heartbeat:Transport",
+        broker_transport_options={"region": "us-east-1", "is_secure": False, **options},
+        task_default_queue=bed.queue,
+    )
+    return app
+
+
+def task_ids_in_queue(bed: Bed) -> list[str]:
+    """The task id of every message in the bed's queue, read as a receive; hidden after."""
+    sqs = bed.sqs()
+    url = sqs.get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    found: list[str] = []
+    while True:
+        answer = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60, WaitTimeSeconds=0
+        )
+        messages = answer.get("Messages") or []
+        if not messages:
+            return found
+        for message in messages:
+            found.append(json.loads(base64.b64decode(message["Body"]))["headers"]["id"])
+
+
+def send_batches(bed: Bed) -> tuple[int, int]:
+    """SendMessageBatch calls and their entries since the last reset; no SendMessage."""
+    calls = bed.server.calls()
+    assert calls.get("SendMessage", 0) == 0, calls
+    return calls.get("SendMessageBatch", 0), bed.server.batch_entries().get("SendMessageBatch", 0)
+
+
+def test_a_loop_a_group_and_another_thread_publish_in_full_calls_each_task_runs_once(
+    bed: Bed,
+) -> None:
+    bed.create_queue(visibility_timeout=LEASE)
+    app = producer(bed)
+    bed.server.reset_calls()
+    from_thread: list[str] = []
+
+    def publish_elsewhere() -> None:
+        from_thread.extend(
+            app.send_task(BUSY, args=(f"thread{n}", 0)).id for n in range(SQS_BATCH_SIZE)
+        )
+
+    with publishing_in_batches():
+        looped = [app.send_task(BUSY, args=(f"loop{n}", 0)).id for n in range(15)]
+        grouped = group(app.signature(BUSY, args=(f"group{n}", 0)) for n in range(15))
+        group_ids = [result.id for result in grouped.apply_async().results]
+        other = threading.Thread(target=publish_elsewhere)
+        other.start()
+        other.join()
+    # At the scope's end, before any worker: SQS holds every message.
+    in_sqs = queue_counts(bed)
+    calls, entries = send_batches(bed)
+    sent = [*looped, *group_ids, *from_thread]
+    with worker(bed, "threads", 4, options={"visibility_timeout": LEASE}):
+        bed.wait_for_executions(len(sent), timeout=30)
+        time.sleep(1)
+    counts = tally(bed, sent)
+    report("batch publishing", calls=calls, entries=entries, **counts)
+    assert in_sqs["ApproximateNumberOfMessages"] == str(len(sent)) == "40"
+    assert entries == 40
+    # Full calls of ten but for each burst's last.
+    assert calls <= 6, calls
+    assert counts == {"sent": 40, "executed": 40, "duplicates": 0, "lost": 0}
+
+
+def test_a_fifo_queue_keeps_each_group_s_order_with_several_messages_a_call(bed: Bed) -> None:
+    fifo_queue(bed, LEASE)
+    app = producer(bed)
+    labels = {name: [f"{name}{n}" for n in range(12)] for name in "AB"}
+    bed.server.reset_calls()
+    with publishing_in_batches():
+        for a_label, b_label in zip(labels["A"], labels["B"], strict=True):
+            app.send_task(BUSY, args=(a_label, 0), MessageGroupId="A")
+            app.send_task(BUSY, args=(b_label, 0), MessageGroupId="B")
+    calls, entries = send_batches(bed)
+    with worker(bed, "solo", 1, options={"visibility_timeout": LEASE}):
+        runs = bed.wait_for_executions(24, timeout=30)
+    problems = {
+        name: in_order_one_at_a_time(runs, group_labels) for name, group_labels in labels.items()
+    }
+    report("fifo batch publishing", calls=calls, entries=entries, problems=problems)
+    assert entries == 24 and calls <= 4, (calls, entries)
+    assert problems == {"A": [], "B": []}
+    assert all(count == 1 for count in bed.runs_per_task().values())
+
+
+def test_large_bodies_go_to_s3_first_and_the_rest_are_packed_under_a_megabyte_a_call(
+    bed: Bed,
+) -> None:
+    """Six 215 kB bodies stay in SQS and need two calls by size (moto refuses a call over
+    1 MiB whole, which would raise here); two bodies over SQS's limit go to S3 first."""
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    options = {"large_payload_bucket": bucket, "visibility_timeout": LEASE}
+    app = producer(bed, **options)
+    bed.server.reset_calls()
+    with publishing_in_batches():
+        medium = [app.send_task(SIZED, args=(f"medium{n}", "m" * MEDIUM)).id for n in range(6)]
+        large = [app.send_task(SIZED, args=(f"large{n}", "x" * LARGE)).id for n in range(2)]
+    puts = bed.server.calls().get("s3:PutObject", 0)
+    calls, entries = send_batches(bed)
+    assert len(objects(bed, bucket)) == 2
+    with worker(bed, "threads", 4, options=options):
+        runs = bed.wait_for_executions(8, timeout=30)
+    report("s3 batch publishing", puts=puts, calls=calls, entries=entries)
+    assert (puts, entries) == (2, 8) and 2 <= calls <= 4, (puts, calls, entries)
+    outcomes = {run["task_id"]: run["outcome"] for run in runs}
+    assert outcomes == {
+        **dict.fromkeys(medium, f"ok:{MEDIUM}"),
+        **dict.fromkeys(large, f"ok:{LARGE}"),
+    }
+
+
+def test_a_predefined_queue_is_published_to_with_its_own_url_and_client(bed: Bed) -> None:
+    """kombu's ``_put`` picks the predefined queue's URL and its client (its own keys);
+    the scope's calls use both: no queue is listed, looked up or created."""
+    url = bed.create_queue(visibility_timeout=LEASE)
+    predefined = {
+        "visibility_timeout": LEASE,
+        "predefined_queues": {
+            bed.queue: {"url": url, "access_key_id": "queue-key", "secret_access_key": "x"}
+        },
+    }
+    app = producer(bed, **predefined)
+    bed.server.reset_calls()
+    with publishing_in_batches():
+        sent = [app.send_task(BUSY, args=(f"t{n}", 0)).id for n in range(12)]
+    calls = bed.server.calls()
+    with worker(bed, "threads", 4, options=predefined):
+        bed.wait_for_executions(len(sent), timeout=30)
+    report("predefined queue", calls=calls)
+    # kombu's declare asks for the queue's count (GetQueueAttributes), by the URL too.
+    assert calls["SendMessageBatch"] == 2
+    assert not {"ListQueues", "GetQueueUrl", "CreateQueue", "SendMessage"} & set(calls), calls
+    assert tally(bed, sent) == {"sent": 12, "executed": 12, "duplicates": 0, "lost": 0}
+
+
+def test_failed_entries_and_a_throttled_call_are_sent_again_and_each_task_runs_once(
+    bed: Bed,
+) -> None:
+    bed.create_queue(visibility_timeout=LEASE)
+    app = producer(bed)
+    bed.server.reset_calls()
+    bed.server.inject_fault("SendMessageBatch", "throttle", count=1)
+    bed.server.fail_entries("SendMessageBatch", "InternalError", count=3)
+    with publishing_in_batches():
+        sent = [app.send_task(BUSY, args=(f"t{n}", 0)).id for n in range(20)]
+    calls, entries = send_batches(bed)
+    with worker(bed, "threads", 4, options={"visibility_timeout": LEASE}):
+        bed.wait_for_executions(len(sent), timeout=30)
+        time.sleep(1)
+    counts = tally(bed, sent)
+    report("batch publishing retries", calls=calls, entries=entries, **counts)
+    # 20 entries, the throttled call's again, and the 3 failed entries again.
+    assert entries >= 20 + 3 and calls >= 2 + 2, (calls, entries)
+    assert counts == {"sent": 20, "executed": 20, "duplicates": 0, "lost": 0}
+    assert bed.server.pending_faults() == []
+
+
+def test_entries_sqs_refuses_are_named_in_one_exception_and_nothing_else_is_missing(
+    bed: Bed,
+) -> None:
+    bed.create_queue(visibility_timeout=LEASE)
+    app = producer(bed)
+    bed.server.fail_entries("SendMessageBatch", "InvalidMessageContents", count=2)
+    sent: list[str] = []
+    with pytest.raises(PublishingFailed) as failed, publishing_in_batches():
+        sent.extend(app.send_task(BUSY, args=(f"t{n}", 0)).id for n in range(12))
+    held = task_ids_in_queue(bed)
+    refused = failed.value.task_ids
+    report("refused entries", refused=refused, message=str(failed.value))
+    assert len(refused) == 2 and set(refused) <= set(sent)
+    assert all("InvalidMessageContents" in failed.value.reasons[task] for task in refused)
+    assert sorted(held) == sorted(set(sent) - set(refused))
+
+
+def test_a_producer_killed_in_a_scope_leaves_what_sqs_confirmed_and_at_most_the_calls_in_flight(
+    bed: Bed,
+) -> None:
+    """What SQS holds after a SIGKILL: every task the producer recorded as confirmed, and
+    besides those only tasks of calls on the wire at the kill (SQS may have taken a call
+    whose answer the producer never read): at most a call of ten per sending thread."""
+    bed.create_queue(visibility_timeout=LEASE)
+    confirmed_file = bed.logs / "confirmed.txt"
+    bed.server.add_latency(0.3, ["SendMessageBatch"])
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.batch_producer", str(confirmed_file), "400"],
+            cwd=REPO,
+            env=bed.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def confirmed() -> list[str]:
+            return confirmed_file.read_text().split() if confirmed_file.exists() else []
+
+        wait_for(lambda: len(confirmed()) >= 100, timeout=30, what="100 confirmed tasks")
+        process.kill()
+        output, _ = process.communicate(timeout=10)
+    finally:
+        bed.server.clear_faults()
+    recorded = set(confirmed())
+    # A call the server was still answering lands in SQS meanwhile; then read.
+    time.sleep(0.5)
+    held = task_ids_in_queue(bed)
+    unconfirmed = set(held) - recorded
+    report("killed producer", confirmed=len(recorded), held=len(held), unconfirmed=len(unconfirmed))
+    assert "all confirmed" not in output, "the producer ended before the kill"
+    assert len(held) == len(set(held)), Counter(held).most_common(3)
+    assert recorded <= set(held)
+    assert len(unconfirmed) <= MAX_PUBLISH_CALLS_IN_FLIGHT * SQS_BATCH_SIZE
