@@ -213,7 +213,14 @@ def wait_for(find: Callable[[], T], timeout: float, what: str = "the condition")
     return found
 
 
-def settle(done: Callable[[], bool], timeout: float) -> bool:
+#: How long :func:`settle` waits by default: a failure guard, not a timing. It returns as
+#: soon as what it waits for holds, so a generous guard costs nothing when a test passes;
+#: 10 s failed on a machine whose two cores were saturated (a dead-letter move and a
+#: delete came 10 to 11 s after the tasks ended, and did come).
+SETTLE_GUARD = 30.0
+
+
+def settle(done: Callable[[], bool], timeout: float = SETTLE_GUARD) -> bool:
     """Wait up to ``timeout`` for ``done``; whether it came, to assert after the report."""
     deadline = time.monotonic() + timeout
     while not done():

@@ -153,7 +153,7 @@ def test_long_tasks_on_a_fifo_queue_run_once_with_their_leases_renewed(bed: Bed)
         runs = bed.wait_for_executions(len(tasks), timeout=60)
         # Anything redelivered shows up as an extra run after one more lease.
         runs = bed.wait_for_executions(len(tasks) + 1, timeout=LEASE + 2)
-        all_deleted = settle(lambda: deleted(bed, *tasks), 10)
+        all_deleted = settle(lambda: deleted(bed, *tasks))
         log = process.log
     batch = "ChangeMessageVisibilityBatch"
     renewal_calls = bed.server.calls().get(batch, 0) - calls_before.get(batch, 0)
@@ -277,7 +277,7 @@ def test_a_failed_task_comes_back_before_the_rest_of_its_group_then_is_dead_lett
         IT_ACKS_ON_FAILURE="0",  # a failed task is rejected, not acked
     ) as process:
         runs = bed.wait_for_executions(MAX_RECEIVES + len(rest), timeout=40)
-        all_deleted = settle(lambda: deleted(bed, *rest), 10)
+        all_deleted = settle(lambda: deleted(bed, *rest))
         runs = bed.wait_for_executions(MAX_RECEIVES + len(rest) + 1, timeout=2)
         log = process.log
     runs.sort(key=lambda run: run["start"])
@@ -363,7 +363,7 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_group_over_in_ord
         stopped_at = time.time()
         first_exit = first.process.wait(30)
         runs = bed.wait_for_executions(len(everything), timeout=30)
-        all_deleted = settle(lambda: deleted(bed, *everything), 10)
+        all_deleted = settle(lambda: deleted(bed, *everything))
         runs = bed.wait_for_executions(len(everything) + 1, timeout=2)
         first_log, second_log = first.log, second.log
     by_name = by_label(runs)
@@ -439,7 +439,7 @@ def run_until_deleted(
     """
     with worker(bed, "prefork", 3, options={"visibility_timeout": LEASE}) as process:
         bed.wait_for_executions(len(delivered), timeout=60)
-        all_deleted = settle(lambda: deleted(bed, *delivered), 10)
+        all_deleted = settle(lambda: deleted(bed, *delivered))
         left = queue_counts(bed)
         runs = bed.wait_for_executions(len(delivered) + 1, timeout=LEASE + 2)
         return runs, all_deleted, left, process.log

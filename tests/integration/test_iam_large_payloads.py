@@ -115,7 +115,7 @@ def test_the_readme_s3_statements_carry_a_large_task_with_nothing_refused(
     env = bed.env(options=OPTIONS, **worker_env(enforced, enforced.worker))
     with workers((bed, "threads", 1, "s3-worker", env)) as (process,):
         bed.wait_for_executions(1, timeout=30)
-        gone = settle(lambda: key not in enforced.objects(), timeout=10)
+        gone = settle(lambda: key not in enforced.objects())
         log = process.log
     assert bed.runs_per_task() == {task_id: 1}, log
     assert gone, log
@@ -144,7 +144,7 @@ def test_the_producer_cannot_read_and_a_worker_without_delete_leaves_the_object(
     env = bed.env(options=OPTIONS, **worker_env(enforced, enforced.worker_without_delete))
     with workers((bed, "threads", 1, "s3-no-delete", env)) as (process,):
         bed.wait_for_executions(1, timeout=30)
-        logged = settle(lambda: "Cannot delete the objects" in process.log, timeout=10)
+        logged = settle(lambda: "Cannot delete the objects" in process.log)
         log = process.log
     assert logged, log
     assert f"bucket {BUCKET} (AccessDenied)" in log

@@ -84,7 +84,7 @@ def test_an_offloaded_task_runs_once_and_its_object_goes_after_the_delete(
     assert len(objects(bed, bucket)) == 1
     with worker(bed, pool, 2, options=options(bucket)) as process:
         done = bed.wait_for_executions(2, timeout=20)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         log = process.log
     assert sorted(r["outcome"] for r in done) == ["ok:1000", f"ok:{LARGE}"], log
     assert all(count == 1 for count in bed.runs_per_task().values())
@@ -99,7 +99,7 @@ def test_a_retry_publishes_the_large_argument_through_s3_again(bed: Bed) -> None
     bed.server.reset_calls()
     with worker(bed, "threads", 2, options=options(bucket)) as process:
         done = bed.wait_for_executions(2, timeout=20)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         log = process.log
     assert [(r["task_id"], r["outcome"]) for r in done] == [
         (task_id, "retrying"),
@@ -133,7 +133,7 @@ def test_keep_objects_leaves_the_object_for_a_lifecycle_rule(bed: Bed) -> None:
     kept = options(bucket, large_payload_keep_objects=True)
     with worker(bed, "threads", 1, options=kept) as process:
         done = bed.wait_for_executions(1, timeout=15)
-        emptied = settle(lambda: _queue_empty(bed), timeout=10)
+        emptied = settle(lambda: _queue_empty(bed))
         log = process.log
     assert [r["outcome"] for r in done] == [f"ok:{LARGE}"], log
     assert emptied
@@ -164,7 +164,7 @@ def test_an_unreadable_object_releases_its_message_with_a_backoff(bed: Bed, pool
     bed.server.inject_fault("s3:GetObject", "server_error", count=2)
     with worker(bed, pool, 1, options=options(bucket)) as process:
         done = bed.wait_for_executions(1, timeout=15)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         log = process.log
     assert [(r["task_id"], r["outcome"]) for r in done] == [(task_id, f"ok:{LARGE}")], log
     assert log.count(f"Cannot read the body of a large message from s3://{bucket}/{key}") == 1
@@ -192,7 +192,7 @@ def test_s3_down_for_10_s_while_large_tasks_arrive(bed: Bed) -> None:
             for n in range(6)
         ]
         done = bed.wait_for_executions(6, timeout=40)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         alive = process.process.poll() is None
         log = process.log
     assert sorted(r["task_id"] for r in done) == sorted(sent), log
@@ -238,7 +238,7 @@ def test_a_task_sent_through_aws_extended_client_runs_on_the_worker(bed: Bed) ->
     assert len(objects(bed, bucket)) == 1
     with worker(bed, "threads", 1, options={"visibility_timeout": LEASE}) as process:
         done = bed.wait_for_executions(1, timeout=15)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         log = process.log
     assert [r["outcome"] for r in done] == ["ok:300000"], log
     assert gone
@@ -267,7 +267,7 @@ def test_two_workers_run_each_offloaded_task_once(bed: Bed) -> None:
         worker(bed, "threads", 2, name="w2", options=run_options) as second,
     ):
         done = bed.wait_for_executions(6, timeout=30)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         logs = first.log + second.log
     assert sorted(r["task_id"] for r in done) == sorted(sent), logs
     assert bed.runs_per_task() == dict.fromkeys(sent, 1)
@@ -285,7 +285,7 @@ def test_the_lease_covers_a_slow_read_and_the_worker_goes_on_meanwhile(bed: Bed)
     bed.server.inject_fault("s3:GetObject", "delay", seconds=2.5 * lease)
     run_options = options(bucket, visibility_timeout=lease)
     with worker(bed, "threads", 2, options=run_options) as process:
-        settle(lambda: bed.server.calls().get("s3:GetObject", 0) > 0, timeout=10)
+        settle(lambda: bed.server.calls().get("s3:GetObject", 0) > 0)
         small = bed.send("sized", "small", "y" * 1000, transport_options=options(bucket))
         sent = time.time()
         done = bed.wait_for_executions(2, timeout=20)
@@ -311,7 +311,7 @@ def test_a_message_being_read_at_shutdown_goes_back_at_once(bed: Bed) -> None:
     bed.server.inject_fault("s3:GetObject", "delay", seconds=6)
     run_options = options(bucket, visibility_timeout=30)
     with worker(bed, "threads", 1, name="stopping", options=run_options) as first:
-        settle(lambda: bed.server.calls().get("s3:GetObject", 0) > 0, timeout=10)
+        settle(lambda: bed.server.calls().get("s3:GetObject", 0) > 0)
         first.warm_shutdown()
         first_log = first.log_path.read_text()
     # Far sooner than the 30 s lease: only a release at shutdown makes it visible now.
@@ -342,7 +342,7 @@ def test_a_chain_of_large_tasks_goes_through_s3_at_every_link(bed: Bed) -> None:
     bed.server.reset_calls()
     with worker(bed, "threads", 1, options=options(bucket)) as process:
         done = bed.wait_for_executions(2, timeout=20)
-        gone = settle(lambda: not objects(bed, bucket), timeout=10)
+        gone = settle(lambda: not objects(bed, bucket))
         log = process.log
     assert [(r["name"], r["outcome"]) for r in done] == [
         ("link1", f"ok:{LARGE}"),

@@ -89,7 +89,7 @@ def test_at_info_a_worker_says_once_what_it_holds_and_each_message_it_releases(
     task_id = bed.send("fails", "rejected", "reject")
     with worker(bed, "threads", 1, options=options) as process:
         bed.wait_for_executions(1, timeout=30)
-        released = settle(lambda: log_has(process, "Released to SQS", 1), timeout=10)
+        released = settle(lambda: log_has(process, "Released to SQS", 1))
         log = process.log
 
     settings = re.findall(r"INFO/MainProcess\] SQS leases of .*", log)
