@@ -5,6 +5,9 @@ the strict server, in two shapes:
 
 - loop: ``task.apply_async((n,))`` once per task;
 - group: one ``group(task.s(n) for n in ...).apply_async()``;
+- threads (only when asked, ``--shapes threads``): ``--threads`` threads, each
+  ``task.apply_async((n,))`` in a loop over its share of the tasks, as a web app's
+  request threads publish; ours opens one scope around them all;
 
 on kombu's stock SQS transport (one ``SendMessage`` per task, as ever) and on this
 transport inside ``publishing_in_batches()`` (``SendMessageBatch``, several calls in
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -45,7 +49,10 @@ from celery import Celery, group
 from celery_sqs_heartbeat import batch_publishing, publishing_in_batches
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-SHAPES = ("loop", "group")
+SHAPES = ("loop", "group", "threads")
+DEFAULT_SHAPES = ["loop", "group"]
+#: Publishing threads of the ``threads`` shape (``--threads``).
+THREADS = 8
 SIDES = ("stock", "ours")
 
 
@@ -84,16 +91,29 @@ def producer(server: StrictSQSServer, side: str, queue: str) -> tuple[Celery, Ca
     return app, noop
 
 
-def publish(shape: str, noop: Callable[..., None], tasks: int) -> None:
+def publish(shape: str, noop: Callable[..., None], tasks: int, threads: int) -> None:
     if shape == "loop":
-        for number in range(tasks):
-            noop.apply_async((number,))  # type: ignore[attr-defined]
+        publish_loop(noop, range(tasks))
+    elif shape == "threads":
+        publishers = [
+            threading.Thread(target=publish_loop, args=(noop, range(first, tasks, threads)))
+            for first in range(threads)
+        ]
+        for publisher in publishers:
+            publisher.start()
+        for publisher in publishers:
+            publisher.join()
     else:
         group(noop.s(number) for number in range(tasks)).apply_async()  # type: ignore[attr-defined]
 
 
+def publish_loop(noop: Callable[..., None], numbers: range) -> None:
+    for number in numbers:
+        noop.apply_async((number,))  # type: ignore[attr-defined]
+
+
 def run_once(
-    server: StrictSQSServer, shape: str, side: str, latency_ms: float, tasks: int
+    server: StrictSQSServer, shape: str, side: str, latency_ms: float, tasks: int, threads: int
 ) -> Result:
     queue = f"bench-publish-{uuid.uuid4().hex[:8]}"
     sqs = boto3.client("sqs", **server.boto3_kwargs)
@@ -110,9 +130,9 @@ def run_once(
     started = time.monotonic()
     if side == "ours":
         with publishing_in_batches():
-            publish(shape, noop, tasks)
+            publish(shape, noop, tasks, threads)
     else:
-        publish(shape, noop, tasks)
+        publish(shape, noop, tasks, threads)
     seconds = time.monotonic() - started
     calls = {action: n for action, n in server.calls().items() if not action.startswith("s3:")}
     held = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
@@ -170,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
         "--latency", type=float, nargs="+", default=[0.0, 15.0], help="ms added to every call"
     )
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=DEFAULT_SHAPES)
+    parser.add_argument("--threads", type=int, default=THREADS, help="threads of 'threads'")
     parser.add_argument("--senders", type=int, help="sending threads (ours), instead of 8")
     args = parser.parse_args(argv)
     if args.senders is not None:
@@ -187,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                 for run in range(args.runs):
                     # Alternated, and the first side swapped each run.
                     for side in sides if run % 2 == 0 else sides[::-1]:
-                        result = run_once(server, shape, side, latency_ms, args.tasks)
+                        result = run_once(server, shape, side, latency_ms, args.tasks, args.threads)
                         print(
                             f"{shape} {latency_ms:g} ms {side}: {result.rate:.1f} tasks/s, "
                             f"{result.requests_per_task:.3f} requests/task",

@@ -101,6 +101,8 @@ def test_an_entry_in_no_list_is_left_for_the_book_to_retry(
         ("SomethingNew", 400, SendOutcome.RETRY),
         ("AWS.SimpleQueueService.NonExistentQueue", 400, SendOutcome.REFUSED),
         ("AccessDenied", 403, SendOutcome.REFUSED),
+        # AWS's JSON protocol without the query-compatible header: still for good.
+        ("com.amazon.coral.service#AccessDeniedException", 400, SendOutcome.REFUSED),
         ("AWS.SimpleQueueService.BatchRequestTooLong", 400, SendOutcome.REFUSED),
     ],
 )
