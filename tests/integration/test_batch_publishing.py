@@ -18,7 +18,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from celery import Celery, group
+from celery import Celery, chord, group
 
 from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
 from celery_sqs_heartbeat.sqs import MAX_PUBLISH_CALLS_IN_FLIGHT
@@ -104,6 +104,26 @@ def test_a_loop_a_group_and_another_thread_publish_in_full_calls_each_task_runs_
     # Full calls of ten but for each burst's last.
     assert calls <= 6, calls
     assert counts == {"sent": 40, "executed": 40, "duplicates": 0, "lost": 0}
+
+
+def test_a_chord_s_header_goes_out_in_full_calls(bed: Bed) -> None:
+    """Celery publishes a chord's header as it does a group, from ``chord.run``: inside a
+    scope, in SendMessageBatch calls. Only the header is published here; the body waits
+    for the header's results, which a worker would count in the result backend."""
+    bed.create_queue(visibility_timeout=LEASE)
+    app = producer(bed)
+    # A backend that takes chords, in this process only: nothing here runs the tasks.
+    app.conf.result_backend = "cache+memory://"
+    header = [app.signature(BUSY, args=(f"header{n}", 0)) for n in range(15)]
+    bed.server.reset_calls()
+    with publishing_in_batches():
+        result = chord(header)(app.signature(BUSY, args=("body", 0)))
+    header_ids = [child.id for child in result.parent.results]
+    calls, entries = send_batches(bed)
+    in_sqs = task_ids_in_queue(bed)
+    report("chord header batch publishing", calls=calls, entries=entries, in_sqs=len(in_sqs))
+    assert sorted(in_sqs) == sorted(header_ids)
+    assert (calls, entries) == (2, 15)
 
 
 def test_a_fifo_queue_keeps_each_group_s_order_with_several_messages_a_call(bed: Bed) -> None:
