@@ -13,17 +13,7 @@ where the option is read.
 
 from __future__ import annotations
 
-from typing import Any
-
-import kombu
-from celery import signals
-from celery.utils.log import get_logger
-
-from .compat import KOMBU_BROADCASTS_THROUGH_SNS
-
 __all__ = ["notice"]
-
-logger = get_logger(__name__)
 
 _HOW = "set the transport options supports_fanout=True and events_through_sns=True"
 
@@ -52,26 +42,3 @@ def notice(
             "its tasks; to turn them on, set the transport option events_through_sns=True"
         )
     return None
-
-
-def _on_worker_ready(sender: Any, **_: Any) -> None:
-    """Celery's worker is up: say what cannot reach it, if this transport carries it."""
-    from .transport import Transport
-
-    transport = getattr(getattr(sender, "connection", None), "transport", None)
-    if not isinstance(transport, Transport):
-        return
-    if not sender.app.conf.worker_enable_remote_control:
-        return
-    options = sender.connection.transport_options or {}
-    line = notice(
-        supports_fanout=options.get("supports_fanout") is True,
-        events_through_sns=options.get("events_through_sns") is True,
-        kombu_broadcasts_through_sns=KOMBU_BROADCASTS_THROUGH_SNS,
-        kombu_version=kombu.__version__,
-    )
-    if line is not None:
-        logger.info(line)
-
-
-signals.worker_ready.connect(_on_worker_ready, weak=False)

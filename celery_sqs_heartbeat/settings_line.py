@@ -11,18 +11,11 @@ or above by :mod:`celery_sqs_heartbeat.reporting`.
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery import signals
-from celery.utils.log import get_logger
-
 from .leases import LeasePolicy
 from .options import HeartbeatOptions
 from .payload_options import LargePayloadOptions
 
 __all__ = ["describe"]
-
-logger = get_logger(__name__)
 
 
 def describe(options: HeartbeatOptions, payloads: LargePayloadOptions | None) -> str:
@@ -93,15 +86,3 @@ def _large_payloads(payloads: LargePayloadOptions | None) -> str:
     if payloads.threshold is None:
         return f"every body goes through {where} (large_payload_threshold)"
     return f"bodies over {payloads.threshold} bytes go through {where} (large_payload_threshold)"
-
-
-def _on_worker_ready(sender: Any, **_: Any) -> None:
-    """Celery's worker is up: say what this transport holds, if it is the worker's."""
-    from .transport import Transport
-
-    transport = getattr(getattr(sender, "connection", None), "transport", None)
-    if isinstance(transport, Transport):
-        logger.info("%s", describe(transport.heartbeat_options, transport.payload_store.options))
-
-
-signals.worker_ready.connect(_on_worker_ready, weak=False)

@@ -42,6 +42,7 @@ from queue import Empty
 from typing import Any
 
 import kombu
+from celery import signals
 from celery.utils.log import get_logger
 from kombu.asynchronous import set_event_loop
 from kombu.transport import SQS, virtual
@@ -50,8 +51,8 @@ from kombu.utils.objects import cached_property
 from . import (
     celery_requests,
     control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
-    remote_control_notice,  # noqa: F401  (importing registers its start-up line)
-    settings_line,  # noqa: F401  (importing registers the start-up line of the settings)
+    remote_control_notice,
+    settings_line,
 )
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .event_fanout import EventFanoutChannel, events_through_sns
@@ -372,6 +373,31 @@ class Transport(SQS.Transport):
         set_event_loop(loop)
         for channel in self.channels:
             channel.hub = loop
+
+
+def _say_at_worker_ready(sender: Any, **_: Any) -> None:
+    """Celery's worker is up, its logging set: what this transport holds, then what cannot
+    reach the worker (inspect, control, events), one INFO line each."""
+    transport = getattr(getattr(sender, "connection", None), "transport", None)
+    if not isinstance(transport, Transport):
+        return
+    logger.info(
+        "%s", settings_line.describe(transport.heartbeat_options, transport.payload_store.options)
+    )
+    if not sender.app.conf.worker_enable_remote_control:
+        return
+    options = sender.connection.transport_options or {}
+    unreachable = remote_control_notice.notice(
+        supports_fanout=options.get("supports_fanout") is True,
+        events_through_sns=options.get("events_through_sns") is True,
+        kombu_broadcasts_through_sns=KOMBU_BROADCASTS_THROUGH_SNS,
+        kombu_version=kombu.__version__,
+    )
+    if unreachable is not None:
+        logger.info(unreachable)
+
+
+signals.worker_ready.connect(_say_at_worker_ready, weak=False)
 
 
 @cache

@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 from celery.utils.log import worker_logger
 from kombu import Connection
 
-from celery_sqs_heartbeat import settings_line, startup
+from celery_sqs_heartbeat import startup, transport
 from celery_sqs_heartbeat.options import HeartbeatOptions
 from celery_sqs_heartbeat.payload_options import LargePayloadOptions
 from celery_sqs_heartbeat.settings_line import describe
@@ -259,9 +259,12 @@ def test_a_ready_worker_of_this_transport_logs_the_line(caplog: pytest.LogCaptur
         transport="celery_sqs_heartbeat:Transport",
         transport_options={"visibility_timeout": 45},
     )
-    with caplog.at_level(logging.INFO, logger=settings_line.__name__):
-        settings_line._on_worker_ready(SimpleNamespace(connection=connection))
-        settings_line._on_worker_ready(SimpleNamespace(connection=Connection("memory://")))
+    ready = SimpleNamespace(conf=SimpleNamespace(worker_enable_remote_control=False))
+    with caplog.at_level(logging.INFO, logger=transport.__name__):
+        transport._say_at_worker_ready(SimpleNamespace(connection=connection, app=ready))
+        transport._say_at_worker_ready(
+            SimpleNamespace(connection=Connection("memory://"), app=ready)
+        )
 
-    (line,) = [r.getMessage() for r in caplog.records if r.name == settings_line.__name__]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == transport.__name__]
     assert line.startswith("SQS leases of 45 s (visibility_timeout), renewed ")
