@@ -22,19 +22,10 @@ the channel closes, the worker shuts down), this channel:
 kombu deletes a remote-control reply queue itself after each call. A failure here is
 logged and never raised: the consumer is leaving anyway, and a queue left behind is
 what happened before.
-
-Some monitors never cancel their consumer: Flower captures events on a daemon thread
-and exits with it still consuming, so its queue stayed, subscribed, at every stop. At
-the interpreter's exit (Ctrl-C, SIGTERM where the program exits on it, ``sys.exit``),
-the queues still consumed are removed the same way. A process killed outright
-(SIGKILL) runs no exit handler.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
-import weakref
 from collections.abc import Collection
 from typing import Any
 
@@ -47,12 +38,6 @@ from .compat import KOMBU_BROADCASTS_THROUGH_SNS
 __all__ = ["DeletesAutoDeleteQueues", "is_single_use"]
 
 logger = get_logger(__name__)
-
-#: Channels that declared an auto-delete queue, with the process that made them: a
-#: forked child inherits them, and must not remove its parent's queues at its exit.
-_declaring_channels: weakref.WeakKeyDictionary[DeletesAutoDeleteQueues, int] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def is_single_use(bound_exchanges: Collection[str]) -> bool:
@@ -75,7 +60,6 @@ class DeletesAutoDeleteQueues(SQS.Channel):
         declared = super().queue_declare(queue, passive=passive, **kwargs)
         if kwargs.get("auto_delete") and not passive:
             self._auto_delete_queues.add(declared.queue)
-            _declaring_channels[self] = os.getpid()
         return declared
 
     def basic_cancel(self, consumer_tag: str) -> Any:
@@ -89,13 +73,6 @@ class DeletesAutoDeleteQueues(SQS.Channel):
             self._auto_delete_queues.discard(queue)
             self._remove_left_queue(queue)
         return cancelled
-
-    def remove_queues_still_consumed(self) -> None:
-        """At exit: the auto-delete queues whose consumer was never cancelled go."""
-        consumed = set(self._tag_to_queue.values())
-        for queue in sorted(self._auto_delete_queues & consumed):
-            self._auto_delete_queues.discard(queue)
-            self._remove_left_queue(queue)
 
     def _remove_left_queue(self, queue: str) -> None:
         exchanges = [binding.exchange for binding in self.state.queue_bindings(queue)]
@@ -114,10 +91,3 @@ class DeletesAutoDeleteQueues(SQS.Channel):
                 self.fanout.subscriptions.unsubscribe_queue(
                     queue_name=queue, exchange_name=exchange
                 )
-
-
-@atexit.register
-def _remove_queues_still_consumed_at_exit() -> None:
-    for channel, pid in list(_declaring_channels.items()):
-        if pid == os.getpid() and not channel.predefined_queues:
-            channel.remove_queues_still_consumed()
