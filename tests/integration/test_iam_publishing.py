@@ -33,13 +33,19 @@ from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 from .harness import broker_url, report
-from .test_iam_large_payloads import BUCKET, LARGE, PREFIX, with_s3
+from .test_iam_large_payloads import BUCKET, LARGE, with_s3
 from .test_iam_policy import Keys, make_user, published_policy, without_action
-from .test_predefined_queues import ACCOUNT_ID, Call, _moto_api, _parse_recorded, allow
+from .test_predefined_queues import (
+    ACCOUNT_ID,
+    LARGE_PAYLOADS,
+    Call,
+    _moto_api,
+    _parse_recorded,
+    allow,
+)
 
 BUSY = "tests.integration.app.busy"
 SIZED = "tests.integration.app.sized"
-LARGE_PAYLOADS = {"large_payload_bucket": BUCKET, "large_payload_prefix": PREFIX}
 
 
 @dataclass(frozen=True)

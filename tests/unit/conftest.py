@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import botocore.session
 import pytest
+from botocore.client import BaseClient
 
 from celery_sqs_heartbeat import manager as manager_module
 from celery_sqs_heartbeat import signals
@@ -155,3 +157,12 @@ def lost() -> Iterator[list[dict[str, Any]]]:
 @pytest.fixture
 def released() -> Iterator[list[dict[str, Any]]]:
     yield from _tap(signals.lease_released)
+
+
+@pytest.fixture(scope="module")
+def source() -> BaseClient:
+    """A kombu-like SQS client to derive the package's clients from; one a module, since
+    making a client is slow. Its calls go to a botocore ``Stubber``, never the network."""
+    return botocore.session.Session().create_client(
+        "sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import botocore.session
 import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
@@ -126,12 +125,6 @@ class FakeChannel:
         assert queue == "jobs"
         return self.client
 
-
-@pytest.fixture(scope="module")
-def source() -> BaseClient:
-    return botocore.session.Session().create_client(
-        "sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
-    )
 
 
 @pytest.fixture

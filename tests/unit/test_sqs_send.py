@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import botocore.session
 import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import EndpointConnectionError
@@ -24,13 +23,6 @@ ENTRIES = [
     {"MessageBody": "c", "MessageGroupId": "g", "MessageDeduplicationId": "d-c"},
 ]
 
-
-@pytest.fixture(scope="module")
-def source() -> BaseClient:
-    """kombu's client of the queue; one for the module (deriving clients is slow)."""
-    return botocore.session.Session().create_client(
-        "sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
-    )
 
 
 @pytest.fixture
