@@ -273,7 +273,7 @@ def test_a_task_whose_reject_is_still_queued_at_a_reconnect_stays_held_for_it(
     open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
 ) -> None:
     """A reject may mean a release or a delete (requeue, release_on_failure, a dead-letter
-    queue): what it means is the reject's to say, when it runs."""
+    queue, the kombu release): what it means is the reject's to say, when it runs."""
     channel, message = closed_with(open_channel, "reject")
     manager.check()
     held = channel.lease_table.get("ended") is not None
@@ -281,7 +281,11 @@ def test_a_task_whose_reject_is_still_queued_at_a_reconnect_stays_held_for_it(
     manager.check()
 
     assert held
-    assert sqs.deletes == ["ended"]
+    assert channel.lease_table.get("ended") is None
+    assert sqs.visibility_changes == []
+    # kombu 5.7 deletes a message rejected without requeue; 5.5 and 5.6 leave it to its lease.
+    deletes_rejected = hasattr(SQS.Channel, "_delete_rejected_message")
+    assert sqs.deletes == (["ended"] if deletes_rejected else [])
 
 
 def test_a_prefetched_task_of_a_prefork_pool_is_released_at_a_reconnect(
