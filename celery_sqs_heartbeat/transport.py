@@ -73,6 +73,7 @@ from .receive_steps import Received, ReceiveSteps
 from .settling import SettlingChannel
 from .sqs import SQSQueue
 from .startup import StartupChecks
+from .timely_replies import RepliesWithinTheirTimeout
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -147,6 +148,7 @@ class Channel(
     BatchPublishingChannel,
     EventFanoutChannel,
     DeletesAutoDeleteQueues,
+    RepliesWithinTheirTimeout,
     ForgetsDeletedQueueUrls,
     SettlingChannel,
     PayloadChannel,

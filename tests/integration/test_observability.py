@@ -92,8 +92,12 @@ def test_the_exporter_shows_renewals_while_a_long_task_runs(bed: Bed) -> None:
     assert after["celery_sqs_heartbeat_leases_held"] == 0
 
 
-def inspect(bed: Bed, command: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``celery -A tests.integration.app inspect COMMAND --json``, as an operator runs it."""
+def inspect(bed: Bed, command: str, options: dict[str, Any], node: str) -> dict[str, Any]:
+    """``celery -A tests.integration.app inspect COMMAND --json -d NODE``, as an operator runs it.
+
+    Asked of one node, the command returns with its reply; asked of all, it listens for
+    its whole ``--timeout``, and the calls of a test took longer than its task ran.
+    """
     process = subprocess.run(
         [
             sys.executable,
@@ -104,6 +108,8 @@ def inspect(bed: Bed, command: str, options: dict[str, Any]) -> dict[str, Any]:
             "inspect",
             command,
             "--json",
+            "--destination",
+            node,
             "--timeout",
             "5",
         ],
@@ -127,15 +133,16 @@ def test_inspect_sqs_leases_lists_the_running_task_and_its_renewals(bed: Bed) ->
     # Remote control on SQS goes through kombu's SNS fanout.
     options = {"visibility_timeout": LEASE, "supports_fanout": True}
     task_id = bed.send("busy", "long", 5 * LEASE)
+    asked = f"w1@{socket.gethostname()}"
     with worker(bed, "prefork", 1, options=options):
         deadline = time.monotonic() + 4 * LEASE
         while True:
-            replies = inspect(bed, "sqs_leases", options)
+            replies = inspect(bed, "sqs_leases", options, asked)
             [(node, leases)] = replies.items()
             ours = [lease for lease in leases if lease["task_id"] == task_id]
             if (ours and ours[0]["renewals"] >= 1) or time.monotonic() > deadline:
                 break
-        stats = inspect(bed, "sqs_lease_stats", options)
+        stats = inspect(bed, "sqs_lease_stats", options, asked)
         bed.wait_for_executions(1, timeout=30)
 
     assert node.startswith("w1@")
