@@ -19,13 +19,17 @@ the channel closes, the worker shuts down), this channel:
   restarted within the minute, and lose results waiting in the queue. Unsubscribed, a
   mailbox collects nothing more and costs nothing.
 
-kombu deletes a remote-control reply queue itself after each call. A failure here is
-logged and never raised: the consumer is leaving anyway, and a queue left behind is
-what happened before.
+A remote-control reply queue, auto-delete too, is bound to no topic, so nothing is done
+here: :mod:`.reply_queue_channel` keeps it between calls. An auto-delete queue whose
+consumer is never cancelled (Flower's) goes at the process's exit (:mod:`.exit_cleanup`).
+
+A failure here is logged and never raised: the consumer is leaving anyway, and a queue
+left behind is what happened before.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from typing import Any
 
@@ -34,6 +38,7 @@ from celery.utils.log import get_logger
 from kombu.transport import SQS
 
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
+from .exit_cleanup import leftovers
 
 __all__ = ["DeletesAutoDeleteQueues", "is_single_use"]
 
@@ -60,6 +65,7 @@ class DeletesAutoDeleteQueues(SQS.Channel):
         declared = super().queue_declare(queue, passive=passive, **kwargs)
         if kwargs.get("auto_delete") and not passive:
             self._auto_delete_queues.add(declared.queue)
+            leftovers.add_channel(self, os.getpid())
         return declared
 
     def basic_cancel(self, consumer_tag: str) -> Any:
@@ -73,6 +79,17 @@ class DeletesAutoDeleteQueues(SQS.Channel):
             self._auto_delete_queues.discard(queue)
             self._remove_left_queue(queue)
         return cancelled
+
+    def remove_queues_still_consumed(self) -> None:
+        """At exit: the consumers of auto-delete queues never cancelled are, and their queues go.
+
+        Cancelled first, as at any cancel: a thread still polling the queue (Flower's
+        event capture) then no longer asks for it, instead of finding it gone and
+        taking its absence for a misconfiguration.
+        """
+        for tag, queue in list(self._tag_to_queue.items()):
+            if queue in self._auto_delete_queues:
+                self.basic_cancel(tag)
 
     def _remove_left_queue(self, queue: str) -> None:
         exchanges = [binding.exchange for binding in self.state.queue_bindings(queue)]

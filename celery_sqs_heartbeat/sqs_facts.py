@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "FATAL_CODES",
     "LOST_LEASE_CODES",
+    "QUEUE_DELETED_RECENTLY",
     "QUEUE_MISSING_CODES",
     "RECEIVE_COUNT_ATTRIBUTE",
     "SEND_REFUSED_CODES",
@@ -26,6 +27,7 @@ __all__ = [
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
     "SQS_MAX_MESSAGE_SIZE",
+    "SQS_QUEUE_NAME_REUSE_SECONDS",
     "THROTTLING_CODES",
     "canonical_code",
     "error_code",
@@ -60,6 +62,11 @@ RECEIVE_COUNT_ATTRIBUTE = "ApproximateReceiveCount"
 #: (``DelaySeconds``); FIFO queues take no per-message delay at all.
 SQS_MAX_DELAY_SECONDS = 900
 
+#: After a queue is deleted, SQS refuses for this long to create a queue of the same
+#: name (``QueueDeletedRecently``): a name that comes back (a worker's mailbox, a
+#: remote-control reply queue) must not be deleted while it may be declared again.
+SQS_QUEUE_NAME_REUSE_SECONDS = 60
+
 #: Messages a standard queue may have in flight (received, neither deleted nor visible
 #: again); past it ReceiveMessage answers ``OverLimit``. One worker may hold them all, so
 #: it is the number of leases the book and the renewal thread are sized for.
@@ -82,6 +89,9 @@ BEYOND_HOLD_LIMIT_WORDS = "beyond the limit"
 #: (and the JSON protocol's query-compatible header), ``QueueDoesNotExist`` as the JSON
 #: protocol's ``__type`` and boto3's exception name.
 QUEUE_MISSING_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+
+#: CreateQueue's refusal of a name deleted less than ``SQS_QUEUE_NAME_REUSE_SECONDS`` ago.
+QUEUE_DELETED_RECENTLY = "QueueDeletedRecently"
 
 #: Answers that no retry of a receive can change: the worker's identity, permissions or
 #: queue are wrong, and retrying would only hide the mistake.

@@ -70,6 +70,7 @@ from .publishing_channel import BatchPublishingChannel
 from .queue_cleanup import DeletesAutoDeleteQueues
 from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_steps import Received, ReceiveSteps
+from .reply_queue_channel import KeepsReplyQueues
 from .settling import SettlingChannel
 from .sqs import SQSQueue
 from .startup import StartupChecks
@@ -148,6 +149,7 @@ class Channel(
     BatchPublishingChannel,
     EventFanoutChannel,
     DeletesAutoDeleteQueues,
+    KeepsReplyQueues,
     RepliesWithinTheirTimeout,
     ForgetsDeletedQueueUrls,
     SettlingChannel,

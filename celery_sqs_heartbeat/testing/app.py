@@ -13,6 +13,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from .deleted_queues import deleted_names
 from .faults import parse_entry_fault, parse_fault, parse_fraction, parse_latency, parse_outage
 from .iam import enforce_iam
 from .protocol import (
@@ -62,6 +63,7 @@ class StrictApp:
             ("POST", "latency"): lambda body: faults.add_latency(parse_latency(body)),
             ("POST", "iam/enforce"): lambda _: enforce_iam(),
             ("GET", "iam/refusals"): lambda _: recorder.refusals(),
+            ("DELETE", "deleted_queues"): lambda _: deleted_names.forget(),
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:

@@ -27,6 +27,8 @@ against AWS. With these rules:
   message ever had. A handle of a deleted message still succeeds (SQS deletes are
   idempotent), and one the server never issued still fails with
   ``ReceiptHandleIsInvalid``.
+* CreateQueue refuses, for a minute, the name of a queue deleted just before
+  (``QueueDeletedRecently``), as SQS does (:mod:`.deleted_queues`); moto creates it.
 
 Receive, change and delete of the same queue are serialised by the queue's own
 lock, because moto's in-memory backend is not thread safe and the threaded server
@@ -45,6 +47,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .deleted_queues import install_deleted_queue_rule
 from .recorder import Receipt
 
 if TYPE_CHECKING:
@@ -103,6 +106,7 @@ def install_strict_rules(recorder: Recorder, faults: FaultPlan, max_hold_seconds
     for name, rule in patches.items():
         setattr(SQSBackend, name, _as_backend_method(rule))
     setattr(Queue, "attributes", _attributes_a_send_reads(vars(Queue)["attributes"]))  # noqa: B010
+    install_deleted_queue_rule()
 
 
 def _as_backend_method(rule: Callable[..., Any]) -> Callable[..., Any]:

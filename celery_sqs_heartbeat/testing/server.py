@@ -252,6 +252,14 @@ class StrictSQSServer:
     def clear_events(self) -> None:
         self._control("DELETE", "events")
 
+    def forget_deleted_queues(self) -> None:
+        """Let ``CreateQueue`` take the names of queues deleted in the last minute.
+
+        The server refuses them for a minute after the delete, as SQS does
+        (``QueueDeletedRecently``); a test of what happens a minute later skips the wait.
+        """
+        self._control("DELETE", "deleted_queues")
+
     def enforce_iam(self) -> None:
         """From now on, authenticate and authorise every AWS call, as AWS does.
 

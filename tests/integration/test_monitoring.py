@@ -3,42 +3,50 @@ a monitor's own routing key, and what the monitors and the worker leave behind."
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import boto3
 from celery import Celery
+from kombu import Producer
 
 from .harness import REPO, Bed, needs_sns_fanout, wait_for, worker
 
 LEASE = 3
+CELERY = [sys.executable, "-m", "celery", "-A", "tests.integration.app"]
 OPTIONS = {"visibility_timeout": LEASE, "supports_fanout": True, "events_through_sns": True}
 
 
 class Process:
     """A ``celery`` command of the test app, its output in ``<name>.log`` under the bed."""
 
-    def __init__(self, bed: Bed, name: str, *args: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, bed: Bed, name: str, *args: str, options: dict[str, Any], **env: str
+    ) -> None:
         self.path = bed.logs / f"{name}.log"
         self._out = self.path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.app", *args],
+            [*CELERY, *args],
             cwd=REPO,
-            env=bed.env(options=options),
+            env=bed.env(options=options, **env),
             stdout=self._out,
             stderr=subprocess.STDOUT,
         )
 
     @property
     def output(self) -> str:
-        self._out.flush()
+        if not self._out.closed:
+            self._out.flush()
         return self.path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
@@ -54,8 +62,13 @@ class Process:
 
 
 @contextmanager
-def monitored_worker(bed: Bed, name: str, options: dict[str, Any] = OPTIONS) -> Iterator[Process]:
-    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs."""
+def monitored_worker(
+    bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
+) -> Iterator[Process]:
+    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs.
+
+    ``env``: more environment, such as the AWS keys of an IAM user.
+    """
     worker = Process(
         bed,
         "worker-monitored",
@@ -72,6 +85,7 @@ def monitored_worker(bed: Bed, name: str, options: dict[str, Any] = OPTIONS) -> 
         "--without-mingle",
         "--without-gossip",
         options=options,
+        **env,
     )
     try:
         wait_for(lambda: "ready." in worker.output, 30, "the worker to be ready")
@@ -81,9 +95,9 @@ def monitored_worker(bed: Bed, name: str, options: dict[str, Any] = OPTIONS) -> 
 
 
 @contextmanager
-def events_dump(bed: Bed) -> Iterator[Process]:
+def events_dump(bed: Bed, **env: str) -> Iterator[Process]:
     """``celery events --dump``, once the worker's answer to its wake-up shows it listens."""
-    dump = Process(bed, "events-dump", "events", "--dump", options=OPTIONS)
+    dump = Process(bed, "events-dump", "events", "--dump", options=OPTIONS, **env)
     try:
         wait_for(lambda: "heartbeat" in dump.output, 30, "a worker heartbeat in the dump")
         yield dump
@@ -93,9 +107,8 @@ def events_dump(bed: Bed) -> Iterator[Process]:
 
 
 @contextmanager
-def receiver(bed: Bed, routing_key: str) -> Iterator[list[dict[str, Any]]]:
-    """Celery's own event receiver in this process, bound with ``routing_key``."""
-    seen: list[dict[str, Any]] = []
+def in_process_app(bed: Bed) -> Iterator[Celery]:
+    """A Celery app of this process, with the options of the monitors."""
     app = Celery("monitor", set_as_current=False)
     app.conf.update(
         broker_url=bed.server.broker_url,
@@ -107,7 +120,15 @@ def receiver(bed: Bed, routing_key: str) -> Iterator[list[dict[str, Any]]]:
             **OPTIONS,
         },
     )
-    with app, app.connection_for_read() as connection:
+    with app:
+        yield app
+
+
+@contextmanager
+def receiver(bed: Bed, routing_key: str) -> Iterator[list[dict[str, Any]]]:
+    """Celery's own event receiver in this process, bound with ``routing_key``."""
+    seen: list[dict[str, Any]] = []
+    with in_process_app(bed) as app, app.connection_for_read() as connection:
         events = app.events.Receiver(
             connection, routing_key=routing_key, handlers={"*": seen.append}
         )
@@ -222,3 +243,181 @@ def test_a_worker_without_remote_control_says_so_once_at_start_up(bed: Bed) -> N
         log = process.log
 
     assert log.count("Remote control is off on SQS: celery inspect, celery control") == 1, log
+
+
+#: One process asking a worker three times through one mailbox, kombu's own API: every
+#: call names its reply queue alike. (Celery's ``inspect()`` copies the mailbox for each
+#: call, and the id of the copy is part of the name: the name comes back whenever the
+#: copy lands where the last one was, as it often does in CPython, but not always.)
+PING_THRICE = """
+import json, sys
+from tests.integration.app import app
+with app.connection_for_write() as connection:
+    mailbox = app.control.mailbox(connection)
+    print(json.dumps([mailbox.call([sys.argv[1]], "ping", timeout=10) for _ in range(3)]))
+"""
+
+
+def reply_queues(bed: Bed) -> set[str]:
+    urls = bed.sqs().list_queues().get("QueueUrls", [])
+    return {url.rsplit("/", 1)[1] for url in urls if url.endswith("-reply-celery-pidbox")}
+
+
+@needs_sns_fanout
+def test_one_process_asks_a_worker_three_times_and_leaves_no_reply_queue_at_its_exit(
+    bed: Bed,
+) -> None:
+    """SQS refuses for a minute a queue name deleted just before: kombu deleted the reply
+    queue after each call, so the second call of the process failed with
+    ``QueueDeletedRecently``. The queue is kept between calls and goes at the exit."""
+    name = f"pt{uuid.uuid4().hex[:6]}"
+    node = f"{name}@{socket.gethostname()}"
+    before = reply_queues(bed)
+    with monitored_worker(bed, name):
+        asking = subprocess.run(
+            [sys.executable, "-c", PING_THRICE, node],
+            cwd=REPO,
+            env=bed.env(options=OPTIONS),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    left = reply_queues(bed) - before
+
+    assert asking.returncode == 0, asking.stderr
+    answers = json.loads(asking.stdout.splitlines()[-1])
+    assert answers == [[{node: {"ok": "pong"}}]] * 3, answers
+    assert left == set(), left
+
+
+@needs_sns_fanout
+def test_a_late_reply_to_a_reply_queue_deleted_just_now_is_dropped_and_the_worker_answers_on(
+    bed: Bed,
+) -> None:
+    """The one who asked has left, and its reply queue went with it, a moment ago.
+
+    The worker's reply created the queue again, which SQS refuses for a minute
+    (``QueueDeletedRecently``); the error reached Celery's remote control, which logged
+    it and restarted its consumer. The reply is dropped, as a broker drops a message
+    routed to no queue."""
+    name = f"lr{uuid.uuid4().hex[:6]}"
+    node = f"{name}@{socket.gethostname()}"
+    gone = str(uuid.uuid4())  # the routing key of an asker that left
+    sqs = bed.sqs()
+    with monitored_worker(bed, name) as worker:
+        reply_queue = sqs.create_queue(QueueName=f"{gone}-reply-celery-pidbox")["QueueUrl"]
+        sqs.delete_queue(QueueUrl=reply_queue)
+        with in_process_app(bed) as app, app.connection_for_write() as connection:
+            mailbox = app.control.mailbox(connection)
+            late = {"exchange": mailbox.reply_exchange.name, "routing_key": gone}
+            Producer(connection.default_channel).publish(
+                {
+                    "method": "ping",
+                    "arguments": {},
+                    "destination": [node],
+                    "ticket": "late",
+                    "reply_to": late,
+                },
+                exchange=mailbox.exchange,
+                declare=[mailbox.exchange],
+                serializer="json",
+                headers={"clock": 0, "expires": 0},
+            )
+            # Asked after the late one: the worker has handled both once this answers.
+            answers = mailbox.call([node], "ping", timeout=10)
+        log = worker.output
+
+    assert answers == [{node: {"ok": "pong"}}], log
+    assert "Control command error" not in log, log
+    assert "Traceback" not in log, log
+
+
+def free_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port: int = listener.getsockname()[1]
+        return port
+
+
+@contextmanager
+def flower(bed: Bed) -> Iterator[str]:
+    """A Flower process on a free port of 127.0.0.1; yields its URL once it serves."""
+    port = free_port()
+    process = Process(
+        bed,
+        f"flower-{port}",
+        "flower",
+        f"--port={port}",
+        "--address=127.0.0.1",
+        options=OPTIONS,
+        FLOWER_UNAUTHENTICATED_API="true",
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(f"{url}/healthcheck"), 30, "Flower to serve")
+        yield url
+    finally:
+        # Ctrl-C, as a user stops it: Flower stops its event capture and exits.
+        assert process.stop(signal.SIGINT) is not None, process.output
+
+
+def _answers(url: str) -> bool:
+    try:
+        with _no_proxy.open(url, timeout=5) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+#: Flower serves on 127.0.0.1 only: never through a configured proxy.
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def api(url: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with _no_proxy.open(request, timeout=30) as answer:
+        return json.loads(answer.read() or b"null")
+
+
+def task_state(url: str, task_id: str) -> str | None:
+    state: str | None = api(f"{url}/api/tasks").get(task_id, {}).get("state")
+    return state
+
+
+@needs_sns_fanout
+def test_flower_shows_the_worker_and_its_tasks_and_revokes_one(bed: Bed) -> None:
+    name = f"fl{uuid.uuid4().hex[:6]}"
+    with monitored_worker(bed, name), flower(bed) as url:
+        wait_for(lambda: any(name in w for w in api(f"{url}/api/workers?refresh=1")), 30, "worker")
+        done = bed.send("busy", "short", 0.1)
+        wait_for(lambda: task_state(url, done) == "SUCCESS", 30, "the task's success in Flower")
+        running = bed.send("busy", "long", 60)
+        wait_for(lambda: task_state(url, running) == "STARTED", 30, "the long task started")
+        api(f"{url}/api/task/revoke/{running}?terminate=true", "POST")
+        wait_for(lambda: task_state(url, running) == "REVOKED", 30, "the revoke in Flower")
+
+
+def new_subscription(bed: Bed, listening: set[str]) -> bool:
+    """Whether a queue not in ``listening`` is subscribed to the events' topic now."""
+    return bool(set(event_subscriptions(bed)) - listening)
+
+
+@needs_sns_fanout
+def test_starting_and_stopping_flower_five_times_leaves_no_queue_or_subscription(
+    bed: Bed,
+) -> None:
+    """Flower never cancels its event consumer: its queue went only at its exit.
+
+    Other tests' leftovers may be reaped meanwhile (a subscription whose queue is gone),
+    so the check is that nothing was added, not that nothing changed.
+    """
+    queues_before, subscriptions_before = queues_and_subscriptions(bed)
+    for _ in range(5):
+        listening = set(event_subscriptions(bed))
+        with flower(bed) as url:
+            wait_for(partial(new_subscription, bed, listening), 30, "its subscription")
+            assert api(f"{url}/api/tasks") == {}
+    queues_after, subscriptions_after = queues_and_subscriptions(bed)
+
+    assert queues_after <= queues_before, queues_after - queues_before
+    assert subscriptions_after <= subscriptions_before, subscriptions_after - subscriptions_before

@@ -38,6 +38,8 @@ def test_a_deleted_queue_is_declared_again_on_the_same_connection(bed: Bed) -> N
         for _ in range(2):
             queue.declare()
             queue.delete()
+            # As a minute later: SQS refuses the name of a queue deleted just before.
+            bed.server.forget_deleted_queues()
     assert remaining(bed) == []
 
 
@@ -47,6 +49,7 @@ def test_a_queue_another_connection_deleted_is_declared_again(bed: Bed) -> None:
         queue = REPLY(collector.default_channel)
         queue.declare()
         queue.delete()
+        bed.server.forget_deleted_queues()
         assert remaining(bed) == []
         # The publisher's connection still has the deleted queue's URL cached.
         REPLY(publisher.default_channel).declare()
