@@ -9,11 +9,13 @@ so that declaring the queue again asked SQS about the old URL and failed with
   name with a dot stayed cached on the connection that deleted it;
 * another connection (or process) that deleted the queue cannot touch this one's cache.
 
-Remote control's reply queues are both: named ``<id>.reply.celery.pidbox``, the same for
-every call made from one thread, declared on the connection that publishes the request
-and deleted, after the replies, on the one that collected them. So an application's
-second ``inspect`` failed whenever the pool handed out a connection that had declared
-the queue before (seen in Celery's own suite; kombu's stock transport alike).
+Remote control's reply queues were both: named ``<id>.reply.celery.pidbox``, the same
+for every call made from one thread, declared on the connection that publishes the
+request and deleted by kombu, after the replies, on the one that collected them. So an
+application's second ``inspect`` failed whenever the pool handed out a connection that
+had declared the queue before (seen in Celery's own suite; kombu's stock transport
+alike). This transport now keeps a reply queue between calls (:mod:`.reply_queue_channel`),
+but still deletes it once idle, and any queue may be deleted by someone else.
 """
 
 from __future__ import annotations

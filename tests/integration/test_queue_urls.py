@@ -1,8 +1,10 @@
 """A queue deleted and declared again is made anew, not looked up at its old URL.
 
-A remote-control reply queue is: named the same for every call from one thread, declared
-on the connection that publishes the request and deleted on the one that collected the
-replies (kombu's connection pool may hand out either next time).
+A remote-control reply queue is named the same for every call from one thread, declared
+on the connection that publishes the request, and deleted (by kombu after each call, by
+this transport once idle) on the one that collected the replies: kombu's connection pool
+may hand out either next time. The strict server refuses a name deleted less than a
+minute before, as SQS does; the tests skip that minute.
 """
 
 from __future__ import annotations
