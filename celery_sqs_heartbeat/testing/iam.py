@@ -7,8 +7,12 @@ actions of its own for batches, and CreateQueue and GetQueueUrl are authorised o
 of the queue they name (moto checks them against "*"). S3's DeleteObjects is authorised
 as ``s3:DeleteObject`` on each key's ARN, as AWS does (moto checks the bucket's ARN, which
 a policy scoped to a prefix never grants); a key denied there denies every key of the call,
-which is stricter than AWS for a call that mixes keys. Every SQS call the enforcement
-refuses is recorded, so that a test can tell which permission a policy lacks.
+which is stricter than AWS for a call that mixes keys. moto authorises every SNS call on
+"*"; here it is authorised on the topic it names (by ARN, by name for CreateTopic, or
+through a subscription's ARN), as AWS does, so that a policy scoped to topics can be
+tested. moto does not ask for ``sns:TagResource`` when CreateTopic carries tags, as AWS
+does. Every call the enforcement refuses is recorded, so that a test can tell which
+permission a policy lacks.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def install_iam_rules(recorder: Recorder) -> None:
     """
     from moto.core.authorization import ActionAuthenticatorMixin
     from moto.s3.responses import S3Response
+    from moto.sns.responses import SNSResponse
     from moto.sqs.responses import SQSResponse
     from werkzeug.exceptions import HTTPException
 
@@ -73,6 +78,7 @@ def install_iam_rules(recorder: Recorder) -> None:
         (SQSResponse, "_determine_resource", determine_resource),
         (ActionAuthenticatorMixin, "_authenticate_and_authorize_action", authorize_and_record),
         (S3Response, "_authenticate_and_authorize_s3_action", authorize_s3_by_key),
+        (SNSResponse, "_determine_resource", _sns_topic_arn),
     ]
     for owner, name, function in patches:
         setattr(owner, name, function)
@@ -126,6 +132,24 @@ def _named_queue_arn(response: SQSResponse) -> str | None:
     account = response._get_param("QueueOwnerAWSAccountId") or response.current_account
     region = response.region
     return f"arn:{get_partition(region)}:sqs:{region}:{account}:{name}"
+
+
+def _sns_topic_arn(response: Any) -> str:
+    """The topic an SNS call acts on, which moto leaves as "*"."""
+    from moto.utilities.utils import get_partition
+
+    topic = response._get_param("TopicArn") or response._get_param("TargetArn")
+    if isinstance(topic, str) and topic:
+        return topic
+    subscription = response._get_param("SubscriptionArn")
+    if isinstance(subscription, str) and subscription.count(":") >= 6:
+        # arn:aws:sns:REGION:ACCOUNT:TOPIC:SUBSCRIPTION-ID
+        return subscription.rsplit(":", 1)[0]
+    name = response._get_param("Name")
+    if response._get_action() == "CreateTopic" and isinstance(name, str) and name:
+        region = response.region
+        return f"arn:{get_partition(region)}:sns:{region}:{response.current_account}:{name}"
+    return "*"
 
 
 def _describe_refusal(response: Any, refusal: Exception) -> Refusal:

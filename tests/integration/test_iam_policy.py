@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -23,7 +24,8 @@ from botocore.exceptions import ClientError
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
 
-from .harness import REPO, Bed, Worker, broker_url, settle
+from .harness import REPO, Bed, Worker, broker_url, needs_sns_fanout, settle, wait_for
+from .test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
 
 LEASE = 3
 ACCOUNT_ID = "123456789012"
@@ -71,6 +73,11 @@ class Enforced:
     worker_without_renewals: Keys
     producer_without_listing: Keys
     worker_without_listing: Keys
+    monitored_worker: Keys
+    """The worker's policy and the monitoring policy."""
+    monitor: Keys
+    """``celery events``, ``celery inspect``: the monitoring policy alone."""
+    monitor_without_subscribing: Keys
     ops: Keys
     """Stands for the infrastructure code that creates queues; allowed all of SQS."""
 
@@ -118,9 +125,12 @@ class Enforced:
         return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def make_user(iam: Any, name: str, policy: dict[str, Any]) -> Keys:
+def make_user(iam: Any, name: str, *policies: dict[str, Any]) -> Keys:
     iam.create_user(UserName=name)
-    iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+    for number, policy in enumerate(policies):
+        iam.put_user_policy(
+            UserName=name, PolicyName=f"{name}-{number}", PolicyDocument=json.dumps(policy)
+        )
     key = iam.create_access_key(UserName=name)["AccessKey"]
     return key["AccessKeyId"], key["SecretAccessKey"]
 
@@ -132,6 +142,7 @@ def enforced() -> Iterator[Enforced]:
         iam = boto3.client("iam", **server.boto3_kwargs)
         worker_policy = published_policy("worker")
         producer_policy = published_policy("producer")
+        monitoring_policy = published_policy("monitoring")
         everything = {
             "Version": "2012-10-17",
             "Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}],
@@ -150,6 +161,13 @@ def enforced() -> Iterator[Enforced]:
             ),
             worker_without_listing=make_user(
                 iam, "worker-without-listing", without_action(worker_policy, "sqs:ListQueues")
+            ),
+            monitored_worker=make_user(iam, "monitored-worker", worker_policy, monitoring_policy),
+            monitor=make_user(iam, "monitor", monitoring_policy),
+            monitor_without_subscribing=make_user(
+                iam,
+                "monitor-without-subscribing",
+                without_action(monitoring_policy, "sns:Subscribe"),
             ),
             ops=make_user(iam, "ops", everything),
         )
@@ -188,6 +206,9 @@ def assert_no_secret_in(logs: list[str], enforced: Enforced) -> None:
         enforced.worker_without_renewals,
         enforced.producer_without_listing,
         enforced.worker_without_listing,
+        enforced.monitored_worker,
+        enforced.monitor,
+        enforced.monitor_without_subscribing,
     ):
         for log in logs:
             assert keys[1] not in log
@@ -320,3 +341,55 @@ def test_with_predefined_queues_neither_needs_list_queues(
     assert bed.runs_per_task() == {task_id: 1}
     assert enforced.refused(producer, keys) == []
     assert_no_secret_in([log], enforced)
+
+
+@needs_sns_fanout
+def test_the_monitoring_policy_runs_events_and_inspect_with_nothing_refused(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    bed = enforced.new_bed(tmp_path, "monitored")
+    name = f"iam{uuid.uuid4().hex[:6]}"
+    monitor = worker_env(enforced, enforced.monitor)
+    worker_keys = worker_env(enforced, enforced.monitored_worker)
+    with monitored_worker(bed, name, **worker_keys) as worker:
+        with events_dump(bed, **monitor) as dump:
+            task_id = bed.send("busy", "short", 0.1, credentials=enforced.producer)
+            succeeded = f"task succeeded: tests.integration.app.busy({task_id})"
+            wait_for(lambda: succeeded in dump.output, 30, "the task's events in the dump")
+        ping = subprocess.run(
+            [*CELERY, "inspect", "ping", "--timeout", "5"],
+            cwd=REPO,
+            env=bed.env(options=OPTIONS, **monitor),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    logs = [worker.output, dump.output, ping.stdout + ping.stderr]
+
+    assert f"{name}@" in ping.stdout, ping.stdout + ping.stderr
+    # Not the producer's: another test of this module has it refused on purpose.
+    assert enforced.refused(enforced.monitored_worker, enforced.monitor) == []
+    assert_no_secret_in(logs, enforced)
+
+
+@needs_sns_fanout
+def test_a_monitor_without_sns_subscribe_is_refused_by_name(
+    enforced: Enforced, tmp_path: Path
+) -> None:
+    bed = enforced.new_bed(tmp_path, "unsubscribed")
+    keys = enforced.monitor_without_subscribing
+    dump = subprocess.run(
+        [*CELERY, "events", "--dump"],
+        cwd=REPO,
+        env=bed.env(options=OPTIONS, **worker_env(enforced, keys)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = dump.stdout + dump.stderr
+
+    assert dump.returncode != 0, output
+    assert "sns:Subscribe" in output, output
+    refused = enforced.refused(keys)
+    assert {(r["action"], r["code"]) for r in refused} == {("Subscribe", "AccessDenied")}, refused
+    assert_no_secret_in([output], enforced)
