@@ -27,6 +27,8 @@ __all__ = [
     "SQS_MAX_IN_FLIGHT",
     "SQS_MAX_MESSAGES",
     "SQS_MAX_MESSAGE_SIZE",
+    "SQS_MAX_RETENTION_SECONDS",
+    "SQS_MIN_RETENTION_SECONDS",
     "SQS_QUEUE_NAME_REUSE_SECONDS",
     "THROTTLING_CODES",
     "canonical_code",
@@ -61,6 +63,11 @@ RECEIVE_COUNT_ATTRIBUTE = "ApproximateReceiveCount"
 #: The longest a message sent to a standard queue may wait before it is first visible
 #: (``DelaySeconds``); FIFO queues take no per-message delay at all.
 SQS_MAX_DELAY_SECONDS = 900
+
+#: The shortest and longest a queue may keep a message (its ``MessageRetentionPeriod``,
+#: one minute to 14 days); CreateQueue refuses a value outside them.
+SQS_MIN_RETENTION_SECONDS = 60
+SQS_MAX_RETENTION_SECONDS = 1_209_600
 
 #: After a queue is deleted, SQS refuses for this long to create a queue of the same
 #: name (``QueueDeletedRecently``): a name that comes back (a worker's mailbox, a

@@ -71,6 +71,7 @@ from .queue_cleanup import DeletesAutoDeleteQueues
 from .queue_urls import ForgetsDeletedQueueUrls
 from .receive_steps import Received, ReceiveSteps
 from .reply_queue_channel import KeepsReplyQueues
+from .retention_channel import RetainsMessagesForTheirTtl
 from .settling import SettlingChannel
 from .sqs import SQSQueue
 from .startup import StartupChecks
@@ -152,6 +153,7 @@ class Channel(
     KeepsReplyQueues,
     RepliesWithinTheirTimeout,
     ForgetsDeletedQueueUrls,
+    RetainsMessagesForTheirTtl,
     SettlingChannel,
     PayloadChannel,
 ):
