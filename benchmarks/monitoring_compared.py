@@ -48,6 +48,7 @@ from typing import Any
 
 from bench_report import environment
 from celery import Celery
+from spawned import Spawned
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
@@ -102,41 +103,6 @@ class Settings:
         }
 
 
-class Spawned:
-    """A long-running ``celery`` process in a session of its own, its output in a log file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = log.open("w")
-        self.process = subprocess.Popen(
-            args,
-            cwd=BENCH_DIR,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def output(self) -> str:
-        self._out.flush()
-        return self.log.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
-        """``sig`` to its whole group, then SIGKILL to the group if it outlives ``grace``.
-
-        The group is signalled only while its leader is not reaped, so its id is still ours.
-        """
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        self._out.close()
-
-
 class Bed:
     """One side's server, queue, worker environment and producer."""
 
@@ -174,7 +140,7 @@ class Bed:
 
     def spawn(self, name: str, *args: str) -> Spawned:
         command = [sys.executable, "-m", "celery", "-A", "bench_app", *args]
-        return Spawned(command, self.env(), self.logs / f"{name}.log")
+        return Spawned(command, self.env(), self.logs / f"{name}.log", BENCH_DIR)
 
     def celery(self, *args: str) -> tuple[str, float]:
         """Run a ``celery`` command to its end: its output, and how long it took."""

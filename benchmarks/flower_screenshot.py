@@ -4,7 +4,7 @@ Headless Chromium from Debian's packages, then this script, from the repository 
 the project's virtualenv (flower 2.2 and moto installed):
 
     apt-get install -y chromium
-    .venv/bin/python docs/images/take_flower_screenshot.py     # --output PATH
+    .venv/bin/python benchmarks/flower_screenshot.py     # --output PATH
 
 It starts the strict SQS server (SQS and SNS) on 127.0.0.1, a ``celery worker -E -P
 prefork -c 2`` and Flower, both with this module as their Celery app and the transport
@@ -19,7 +19,7 @@ Flower's REST API to list each in that state; then runs
 Flower's task page fills its table from ``/tasks/datatable`` by JavaScript: the virtual
 time budget lets that finish before the picture is taken.
 
-The app below is what the worker and Flower import (``-A take_flower_screenshot``),
+The app below is what the worker and Flower import (``-A flower_screenshot``),
 configured from ``SHOT_*`` environment variables this script sets.
 """
 
@@ -41,9 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from spawned import Spawned
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parent
+#: Where the picture goes, for docs/monitoring-compared.md.
+SCREENSHOT = REPO / "docs" / "images" / "flower-tasks.png"
 OPTIONS = {
     "region": "us-east-1",
     "is_secure": False,
@@ -88,33 +91,6 @@ def charge_card(order_id: int, amount: float) -> str:
 def build_monthly_report(month: str) -> str:
     time.sleep(600)
     return f"report {month}"
-
-
-class Spawned:
-    """A subprocess in a session of its own, so that stopping it stops its children."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = log.open("w")
-        self.process = subprocess.Popen(
-            args,
-            cwd=HERE,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self, sig: int) -> None:
-        """``sig`` to the group, SIGKILL to the group if the leader outlives 20 s."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        self._out.close()
 
 
 def wait_for(find: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -202,15 +178,19 @@ def run(output: Path, logs: Path) -> None:
     queue = "shop"
     with StrictSQSServer() as server:
         env = environment(server.broker_url, queue)
-        celery = [sys.executable, "-m", "celery", "-A", "take_flower_screenshot"]
+        celery = [sys.executable, "-m", "celery", "-A", "flower_screenshot"]
         port = free_port()
         worker = Spawned(
             [*celery, "worker", "-E", "-P", "prefork", "-c", "2", "-n", "shop@%h", "-l", "info"],
             env,
             logs / "worker.log",
+            HERE,
         )
         flower = Spawned(
-            [*celery, "flower", "--address=127.0.0.1", f"--port={port}"], env, logs / "flower.log"
+            [*celery, "flower", "--address=127.0.0.1", f"--port={port}"],
+            env,
+            logs / "flower.log",
+            HERE,
         )
         producer = Celery("shop-producer", set_as_current=False)
         producer.conf.update(
@@ -239,7 +219,7 @@ def run(output: Path, logs: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=HERE / "flower-tasks.png")
+    parser.add_argument("--output", type=Path, default=SCREENSHOT)
     parser.add_argument("--logs", type=Path, help="where the processes' logs go (a new folder)")
     args = parser.parse_args()
     logs = args.logs or Path(tempfile.mkdtemp(prefix="flower-screenshot-"))
