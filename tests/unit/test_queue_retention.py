@@ -62,8 +62,10 @@ class FakeClient:
 @pytest.fixture
 def client(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     fake = FakeClient()
-    # No queue exists: every lookup misses, so a declaration creates its queue.
+    # No queue exists: every lookup misses, so a declaration creates its queue. kombu
+    # 5.5 keeps its URL cache on the class, shared by every channel of the process.
     monkeypatch.setattr(SQS.Channel, "_update_queue_cache", lambda self, prefix: None)
+    monkeypatch.setattr(SQS.Channel, "_queue_cache", {})
     monkeypatch.setattr(Channel, "sqs", lambda self, queue=None: fake)
     return fake
 
