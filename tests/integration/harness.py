@@ -86,6 +86,33 @@ class Bed:
             )
         return str(sqs.create_queue(QueueName=self.queue, Attributes=attributes)["QueueUrl"])
 
+    @contextmanager
+    def client_app(
+        self,
+        name: str,
+        credentials: tuple[str, str] | None = None,
+        transport_options: dict[str, Any] | None = None,
+    ) -> Iterator[Celery]:
+        """A Celery app of this process on the bed's server through the heartbeat transport.
+
+        ``credentials`` (access key ID, secret key) default to the server's, which it
+        accepts unless IAM is enforced; ``transport_options`` add to the app's.
+        """
+        url = (
+            self.server.broker_url if credentials is None else broker_url(self.server, *credentials)
+        )
+        with Celery(name, set_as_current=False) as app:
+            app.conf.update(
+                broker_url=url,
+                broker_transport="celery_sqs_heartbeat:Transport",
+                broker_transport_options={
+                    "region": "us-east-1",
+                    "is_secure": False,
+                    **(transport_options or {}),
+                },
+            )
+            yield app
+
     def send(
         self,
         task: str,
@@ -100,20 +127,7 @@ class Bed:
         the server's, which it accepts unless IAM is enforced. ``transport_options`` add
         to the producer's ``broker_transport_options``.
         """
-        with Celery("producer", set_as_current=False) as app:
-            app.conf.update(
-                broker_url=(
-                    self.server.broker_url
-                    if credentials is None
-                    else broker_url(self.server, *credentials)
-                ),
-                broker_transport="celery_sqs_heartbeat:Transport",
-                broker_transport_options={
-                    "region": "us-east-1",
-                    "is_secure": False,
-                    **(transport_options or {}),
-                },
-            )
+        with self.client_app("producer", credentials, transport_options) as app:
             result = app.send_task(
                 f"tests.integration.app.{task}", args=args, queue=self.queue, **options
             )
@@ -178,28 +192,22 @@ def send_recorded(
         "provide-client-params.sqs.SendMessage": keep,
         "after-call.sqs.SendMessage": note_message_id,
     }
-    with Celery("producer", set_as_current=False) as app:
-        app.conf.update(
-            broker_url=bed.server.broker_url,
-            broker_transport="celery_sqs_heartbeat:Transport",
-            broker_transport_options={"region": "us-east-1", "is_secure": False},
-        )
-        with app.producer_or_acquire() as producer:
-            # kombu may hand a later producer the same client: the hooks must not stay.
-            events = producer.channel.sqs().meta.events
+    with bed.client_app("producer") as app, app.producer_or_acquire() as producer:
+        # kombu may hand a later producer the same client: the hooks must not stay.
+        events = producer.channel.sqs().meta.events
+        for event, hook in hooks.items():
+            events.register(event, hook)
+        try:
+            result = app.send_task(
+                f"tests.integration.app.{task}",
+                args=args,
+                queue=bed.queue,
+                producer=producer,
+                **options,
+            )
+        finally:
             for event, hook in hooks.items():
-                events.register(event, hook)
-            try:
-                result = app.send_task(
-                    f"tests.integration.app.{task}",
-                    args=args,
-                    queue=bed.queue,
-                    producer=producer,
-                    **options,
-                )
-            finally:
-                for event, hook in hooks.items():
-                    events.unregister(event, hook)
+                events.unregister(event, hook)
     assert len(message_ids) == len(sent) == 1, (message_ids, sent)
     return Sent(str(result.id), message_ids[0], sent[0])
 

@@ -109,18 +109,7 @@ def events_dump(bed: Bed, **env: str) -> Iterator[Process]:
 @contextmanager
 def in_process_app(bed: Bed) -> Iterator[Celery]:
     """A Celery app of this process, with the options of the monitors."""
-    app = Celery("monitor", set_as_current=False)
-    app.conf.update(
-        broker_url=bed.server.broker_url,
-        broker_transport="celery_sqs_heartbeat:Transport",
-        broker_transport_options={
-            "region": "us-east-1",
-            "is_secure": False,
-            "wait_time_seconds": 1,
-            **OPTIONS,
-        },
-    )
-    with app:
+    with bed.client_app("monitor", transport_options={"wait_time_seconds": 1, **OPTIONS}) as app:
         yield app
 
 

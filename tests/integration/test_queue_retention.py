@@ -18,20 +18,14 @@ MakeQueue = Callable[[Celery, Any], Queue]
 
 def declare(bed: Bed, *makers: MakeQueue) -> list[str]:
     """Declare each queue through a Celery app of this transport; their SQS names."""
-    with Celery("monitor", set_as_current=False) as app:
-        app.conf.update(
-            broker_url=bed.server.broker_url,
-            broker_transport="celery_sqs_heartbeat:Transport",
-            broker_transport_options={"region": "us-east-1", "is_secure": False},
-        )
-        with app.connection_for_read() as connection:
-            channel = connection.default_channel
-            names = []
-            for make in makers:
-                queue = make(app, connection)(channel)
-                queue.queue_declare()
-                names.append(channel.canonical_queue_name(queue.name))
-            return names
+    with bed.client_app("monitor") as app, app.connection_for_read() as connection:
+        channel = connection.default_channel
+        names = []
+        for make in makers:
+            queue = make(app, connection)(channel)
+            queue.queue_declare()
+            names.append(channel.canonical_queue_name(queue.name))
+        return names
 
 
 def retention(bed: Bed, url: str) -> str:
