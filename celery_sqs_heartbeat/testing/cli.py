@@ -22,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .app import StrictApp
+from .endpoint import ACCESS_KEY, CONSOLE_SCRIPT, DEFAULT_PORT, ENTRY_MODULE, HOST, READY_PREFIX
 from .fault_plan import FaultPlan
 from .faults import FAULT_KINDS, parse_fraction, parse_latency
 from .iam import install_iam_rules
@@ -33,12 +34,6 @@ if TYPE_CHECKING:
 
     from werkzeug.serving import BaseWSGIServer
 
-HOST = "127.0.0.1"
-DEFAULT_PORT = 9324
-"""A fixed port, so that an app's broker URL can name it; ``--port 0`` picks a free one."""
-ENTRY_MODULE = "celery_sqs_heartbeat.testing.strict_sqs"
-CONSOLE_SCRIPT = "celery-sqs-heartbeat-server"
-READY_PREFIX = "STRICT_SQS_READY "
 MOTO_MISSING = (
     "install the package's testing extra (from a checkout: pip install -e '.[testing]'), "
     "or moto[server] beside it"
@@ -160,9 +155,7 @@ def _json(payload: dict[str, object]) -> bytes:
 
 def _greeting(port: int) -> str:
     """How to point an app at the server, for whoever started it by hand."""
-    from .server import StrictSQSServer  # imports this module: only once both are loaded
-
-    key = StrictSQSServer.ACCESS_KEY
+    key = ACCESS_KEY
     return (
         f"Serving SQS and S3 on http://{HOST}:{port} (any credentials; state in memory). "
         f'Celery: broker_url = "sqs://{key}:{key}@{HOST}:{port}". Ctrl-C stops it.'

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from .cli import ENTRY_MODULE, HOST, READY_PREFIX
+from .endpoint import ENTRY_MODULE, HOST, READY_PREFIX
 
 
 class ServerProcess:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.config import Config
 
+from . import endpoint
 from .app import CONTROL_PREFIX
-from .cli import HOST
+from .endpoint import HOST
 from .process import ServerProcess
 from .rules import DEFAULT_MAX_HOLD_SECONDS
 
@@ -32,7 +33,7 @@ class StrictSQSServer:
     """
 
     REGION = "us-east-1"
-    ACCESS_KEY = "testing"
+    ACCESS_KEY = endpoint.ACCESS_KEY
 
     def __init__(
         self,
