@@ -7,7 +7,8 @@ the strict server, in two shapes:
 - group: one ``group(task.s(n) for n in ...).apply_async()``;
 - threads (only when asked, ``--shapes threads``): ``--threads`` threads, each
   ``task.apply_async((n,))`` in a loop over its share of the tasks, as a web app's
-  request threads publish; ours opens one scope around them all;
+  request threads publish; ours opens a scope in each thread (a scope is its thread's),
+  and the threads' scopes share calls;
 
 on kombu's stock SQS transport (one ``SendMessage`` per task, as ever) and on this
 transport inside ``publishing_in_batches()`` (``SendMessageBatch``, several calls in
@@ -91,12 +92,13 @@ def producer(server: StrictSQSServer, side: str, queue: str) -> tuple[Celery, Ca
     return app, noop
 
 
-def publish(shape: str, noop: Callable[..., None], tasks: int, threads: int) -> None:
+def publish(shape: str, noop: Callable[..., None], tasks: int, threads: int, side: str) -> None:
     if shape == "loop":
         publish_loop(noop, range(tasks))
     elif shape == "threads":
+        target = publish_loop_in_a_scope if side == "ours" else publish_loop
         publishers = [
-            threading.Thread(target=publish_loop, args=(noop, range(first, tasks, threads)))
+            threading.Thread(target=target, args=(noop, range(first, tasks, threads)))
             for first in range(threads)
         ]
         for publisher in publishers:
@@ -110,6 +112,11 @@ def publish(shape: str, noop: Callable[..., None], tasks: int, threads: int) -> 
 def publish_loop(noop: Callable[..., None], numbers: range) -> None:
     for number in numbers:
         noop.apply_async((number,))  # type: ignore[attr-defined]
+
+
+def publish_loop_in_a_scope(noop: Callable[..., None], numbers: range) -> None:
+    with publishing_in_batches():
+        publish_loop(noop, numbers)
 
 
 def run_once(
@@ -130,9 +137,9 @@ def run_once(
     started = time.monotonic()
     if side == "ours":
         with publishing_in_batches():
-            publish(shape, noop, tasks, threads)
+            publish(shape, noop, tasks, threads, side)
     else:
-        publish(shape, noop, tasks, threads)
+        publish(shape, noop, tasks, threads, side)
     seconds = time.monotonic() - started
     calls = {action: n for action, n in server.calls().items() if not action.startswith("s3:")}
     held = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])

@@ -2,9 +2,9 @@
 
 kombu sends one ``SendMessage`` per task and waits for it, so one producer thread
 enqueues one task per SQS round trip. Inside :func:`publishing_in_batches`, every publish
-of the process through this transport (``apply_async``, ``delay``, ``send_task``, a
-group's tasks, a chord's header, from any thread) leaves its message in the process's
-:class:`~celery_sqs_heartbeat.publish_book.PublishBook` and returns; up to
+of the thread (or greenlet) that opened it, through this transport (``apply_async``,
+``delay``, ``send_task``, a group's tasks, a chord's header) leaves its message in the
+process's :class:`~celery_sqs_heartbeat.publish_book.PublishBook` and returns; up to
 :data:`~celery_sqs_heartbeat.sqs.MAX_PUBLISH_CALLS_IN_FLIGHT` sending threads take calls
 of ten out of it. The scope's end returns once SQS confirmed every message published
 in it, or raises one :class:`PublishingFailed` naming the tasks SQS did not take.
@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +84,29 @@ class _Scope:
     """One ``with publishing_in_batches()``: what it still waits for, what failed."""
 
     on_confirmed: OnConfirmed | None
+    #: The process that opened it: a child forked inside it inherits it, but not the
+    #: sending threads that would settle it.
+    pid: int = field(default_factory=os.getpid)
     pending: int = 0
     failed: dict[str, str] = field(default_factory=dict)
+
+
+#: The scopes the current thread (or greenlet) has open, outermost first. A publish
+#: belongs to its own thread's scopes or to none: another thread's ``apply_async`` (a
+#: task's retry in a threads pool, a remote-control reply) promises its caller a message
+#: SQS took, or an exception, and a scope of someone else's would break that. A context
+#: variable, not a ``threading.local``: each gevent greenlet (greenlet 1.0 and later) has
+#: a context of its own, while a thread-local made before gevent's monkey-patching is
+#: shared by every greenlet of the thread.
+_open_scopes: ContextVar[tuple[_Scope, ...]] = ContextVar(
+    "celery_sqs_heartbeat_open_scopes", default=()
+)
+
+
+def _own_scopes() -> tuple[_Scope, ...]:
+    """This thread's open scopes that this process opened, not those a fork inherited."""
+    pid = os.getpid()
+    return tuple(scope for scope in _open_scopes.get() if scope.pid == pid)
 
 
 class BatchPublisher:
@@ -94,54 +116,49 @@ class BatchPublisher:
         self.clock = clock
         self._book = PublishBook(batch_wait=BATCH_WAIT)
         self._lock = threading.Condition()
-        self._scopes: list[_Scope] = []
         self._scopes_of: dict[Unsent, tuple[_Scope, ...]] = {}
         self._senders: list[threading.Thread] = []
         self._retries = FailureStreak()
 
-    def in_scope(self) -> bool:
-        """Whether a scope is open: read without the lock, as a hint only."""
-        return bool(self._scopes)
-
     @contextmanager
     def scope(self, on_confirmed: OnConfirmed | None = None) -> Iterator[None]:
+        """A scope of the current thread; at its end, SQS's answer to all it published.
+
+        A child forked inside it leaves it at once: the parent's scope waits for the
+        parent's messages, which only the parent's sending threads settle, and the
+        child's own publishes in it were never batched (:func:`active_publisher`).
+        """
         opened = _Scope(on_confirmed)
         with self._lock:
-            self._scopes.append(opened)
             self._start_senders()
+        token = _open_scopes.set((*_open_scopes.get(), opened))
         try:
             yield
         finally:
-            with self._lock:
-                self._scopes.remove(opened)
-            failed = self._wait(opened)
+            _open_scopes.reset(token)
+            failed = self._wait(opened) if opened.pid == os.getpid() else {}
         if failed:
             raise PublishingFailed(failed)
 
     def publish(self, item: Unsent) -> None:
-        """Leave ``item`` for a call; if no scope is open (one just closed), wait for it.
+        """Leave ``item`` for a call, counted by every scope the current thread has open.
 
-        Waiting makes it a publish as ``apply_async`` outside a scope promises: done
-        once SQS took it, or raised.
+        Called only where :func:`active_publisher` found one: the thread's scopes cannot
+        end while it publishes.
         """
+        owners = _own_scopes()
         with self._lock:
             while self._book.waiting() and (
                 self._book.waiting() >= MAX_WAITING
                 or self._book.bytes_waiting() + item.size > MAX_WAITING_BYTES
             ):
                 self._lock.wait()
-            alone = None if self._scopes else _Scope(None)
-            owners = (alone,) if alone is not None else tuple(self._scopes)
             for owner in owners:
                 owner.pending += 1
             self._scopes_of[item] = owners
             if self._book.add(item, self.clock()):
                 self._lock.notify_all()
             self._start_senders()
-        if alone is not None:
-            failed = self._wait(alone)
-            if failed:
-                raise PublishingFailed(failed)
 
     def _wait(self, scope: _Scope) -> dict[str, str]:
         """Everything ``scope`` published is sent now, and settled before this returns."""
@@ -250,7 +267,9 @@ _publisher_lock = threading.Lock()
 def _reset_at_fork() -> None:
     """A child has no sending threads and no scope: it starts a publisher of its own.
 
-    What the parent had waiting is the parent's to send, and its scopes the parent's.
+    What the parent had waiting is the parent's to send, and its scopes the parent's:
+    a scope the forking thread had open stays in the child's context, but
+    :func:`_own_scopes` leaves it out, and the child's end of it waits for nothing.
     """
     global _publisher, _publisher_lock
     _publisher = None
@@ -271,24 +290,30 @@ def publisher() -> BatchPublisher:
 
 
 def active_publisher() -> BatchPublisher | None:
-    """The publisher if a scope is open anywhere in the process, else None."""
-    current = _publisher
-    return current if current is not None and current.in_scope() else None
+    """The publisher if the current thread (or greenlet) has a scope open, else None.
+
+    None in a child forked inside a scope, until it opens one of its own: its publishes
+    in the inherited scope go out as kombu's own ``SendMessage``, each done once SQS took
+    it (or raised), since the parent's scope cannot account for them.
+    """
+    return _publisher if _own_scopes() else None
 
 
 @contextmanager
 def publishing_in_batches(on_confirmed: OnConfirmed | None = None) -> Iterator[None]:
     """Publish in SendMessageBatch calls until the block ends; then wait for SQS.
 
-    Every publish of the process through ``celery_sqs_heartbeat:Transport`` meanwhile,
-    from any thread, returns once its message is queued here. At the end, the block
+    Every publish of this thread (or greenlet) through ``celery_sqs_heartbeat:Transport``
+    meanwhile returns once its message is queued here; other threads' publishes are
+    theirs, each done once SQS took it unless they open a scope too. At the end, the block
     waits until SQS confirmed every message published in it, and raises one
     :class:`PublishingFailed` naming those it did not take (an exception of the block's
     own goes on, the failures logged). ``on_confirmed`` is called with the task ids of
     each call SQS confirmed, on a sending thread: keep it quick.
 
-    Scopes may nest and overlap across threads: each waits for what was published
-    while it was open.
+    Scopes may nest: each waits for what its thread published while it was open, the
+    inner scope's messages included. Scopes of several threads share calls and sending
+    threads, and each waits only for its own thread's messages.
     """
     with publisher().scope(on_confirmed):
         yield

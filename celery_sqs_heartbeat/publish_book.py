@@ -8,11 +8,13 @@ leaves its message here, and the scope's sending threads take calls out:
 - by target (a client and a queue URL: the ones kombu's ``_put`` chose), in the order
   the messages were published;
 - a call goes as soon as it is full (ten entries, or the next one would not fit in the
-  megabyte), or once its oldest entry has waited ``batch_wait``, or at once when the
-  scope ends (:meth:`PublishBook.hurry`);
+  queue's ``MaximumMessageSize``, a megabyte at most), or once its oldest entry has
+  waited ``batch_wait``, or at once when the scope ends (:meth:`PublishBook.hurry`);
 - on a FIFO queue no two calls on the wire carry the same message group, and an entry
   of a group never overtakes an earlier one that waits (for a retry, or for room in a
-  call): SQS keeps the order of one call's entries, so a group's order is kept;
+  call): SQS keeps the order of one call's entries, so a group's order is kept. Both
+  rules are the queue's (its URL), whatever the client: Celery's producer pool hands
+  one thread different producers, each channel with a client of its own;
 - an entry SQS did not take for a reason worth another try (throttling, its own fault,
   no answer) goes back in its place, to be tried again after a backoff that doubles
   from :data:`RETRY_FIRST_DELAY` up to :data:`RETRY_MAX_DELAY`, :data:`MAX_ATTEMPTS`
@@ -32,6 +34,9 @@ from enum import Enum
 from typing import Any
 
 from .sqs_facts import SQS_BATCH_SIZE, SQS_MAX_BATCH_SEND_SIZE
+
+#: A FIFO message group of one queue: (queue URL, MessageGroupId).
+GroupKey = tuple[str, str]
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -74,10 +79,14 @@ class Unsent:
     target: Hashable
     #: Its SendMessageBatch entry, less ``Id``: body, attributes, FIFO ids, delay.
     entry: dict[str, Any]
-    #: Bytes SQS counts against a call's megabyte: body and attributes.
+    #: Bytes SQS counts against a call's limit: body and attributes.
     size: int
     #: Its FIFO message group, None on a standard queue.
     group: str | None = None
+    #: Its queue's URL: a FIFO group's order is the queue's, whichever client sends.
+    queue: str = field(kw_only=True)
+    #: Bytes a call to its queue may carry: the queue's ``MaximumMessageSize``.
+    call_limit: int = field(default=SQS_MAX_BATCH_SEND_SIZE, kw_only=True)
     #: Publication order, set by the book.
     order: int = 0
     #: When it should go out at the latest, on the caller's clock.
@@ -89,7 +98,7 @@ class Unsent:
 
 @dataclass(frozen=True)
 class PublishBatch:
-    """One SendMessageBatch call: up to ten entries for one target, a megabyte at most."""
+    """One SendMessageBatch call: up to ten entries for one target, within its size limit."""
 
     target: Hashable
     entries: tuple[Unsent, ...]
@@ -120,8 +129,8 @@ class PublishBook:
         self._in_flight = 0
         self._bytes_waiting = 0
         self._published = 0
-        #: (target, group) of every FIFO group some call on the wire carries.
-        self._groups_on_the_wire: set[tuple[Hashable, str]] = set()
+        #: Every FIFO group some call on the wire carries.
+        self._groups_on_the_wire: set[GroupKey] = set()
 
     def __len__(self) -> int:
         """Entries waiting or on the wire."""
@@ -160,8 +169,9 @@ class PublishBook:
 
     def take_batch(self, now: float) -> PublishBatch | None:
         """The next call to make now, its entries on the wire until settled; or None."""
+        heads = self._group_heads()
         for target in list(self._waiting):
-            entries, full = self._pack(target, now)
+            entries, full = self._pack(target, now, heads)
             if entries and (full or any(item.due_at <= now for item in entries)):
                 self._take(target, entries)
                 return PublishBatch(target, tuple(entries))
@@ -174,8 +184,9 @@ class PublishBook:
         wakes the sending threads anyway.
         """
         wakes: list[float] = []
+        heads = self._group_heads()
         for target, items in self._waiting.items():
-            entries, full = self._pack(target, now)
+            entries, full = self._pack(target, now, heads)
             if full:
                 return now
             wakes.extend(item.due_at for item in entries)
@@ -193,7 +204,7 @@ class PublishBook:
         self._in_flight -= len(batch.entries)
         for index, item in enumerate(batch.entries):
             if item.group is not None:
-                self._groups_on_the_wire.discard((batch.target, item.group))
+                self._groups_on_the_wire.discard((item.queue, item.group))
             item.attempts += 1
             outcome, reason = results.get(index, (SendOutcome.RETRY, "no answer"))
             if outcome is SendOutcome.SENT:
@@ -206,28 +217,42 @@ class PublishBook:
                 settlement.given_up.append((item, reason))
         return settlement
 
-    def _pack(self, target: Hashable, now: float) -> tuple[list[Unsent], bool]:
+    def _group_heads(self) -> dict[GroupKey, dict[Hashable, int]]:
+        """Per FIFO group, the order of its earliest waiting entry in each target."""
+        heads: dict[GroupKey, dict[Hashable, int]] = {}
+        for target, items in self._waiting.items():
+            for item in items:
+                if item.group is not None:
+                    heads.setdefault((item.queue, item.group), {}).setdefault(target, item.order)
+        return heads
+
+    def _pack(
+        self, target: Hashable, now: float, heads: dict[GroupKey, dict[Hashable, int]]
+    ) -> tuple[list[Unsent], bool]:
         """The entries a call to ``target`` would carry now, and whether it is full.
 
-        In publication order, first fit under the megabyte; a FIFO entry never goes
-        ahead of an earlier one of its group that stays behind.
+        In publication order, first fit under the queue's limit; a FIFO entry never
+        goes ahead of an earlier one of its group that stays behind, here or waiting
+        for another target (another producer's client) of its queue.
         """
         entries: list[Unsent] = []
         size = 0
         full = False
-        held_groups: set[str] = set()
+        held_groups: set[GroupKey] = set()
         for item in self._waiting[target]:
-            group = item.group
-            if group is not None and (
-                group in held_groups or (target, group) in self._groups_on_the_wire
+            key = None if item.group is None else (item.queue, item.group)
+            if key is not None and (
+                key in held_groups
+                or key in self._groups_on_the_wire
+                or any(order < item.order for at, order in heads[key].items() if at != target)
             ):
-                held_groups.add(group)
+                held_groups.add(key)
                 continue
-            fits = not entries or size + item.size <= SQS_MAX_BATCH_SEND_SIZE
+            fits = not entries or size + item.size <= item.call_limit
             if item.not_before > now or not fits:
                 full = full or not fits
-                if group is not None:
-                    held_groups.add(group)
+                if key is not None:
+                    held_groups.add(key)
                 continue
             entries.append(item)
             size += item.size
@@ -246,7 +271,7 @@ class PublishBook:
         self._bytes_waiting -= sum(item.size for item in entries)
         for item in entries:
             if item.group is not None:
-                self._groups_on_the_wire.add((target, item.group))
+                self._groups_on_the_wire.add((item.queue, item.group))
 
     def _put_back(self, item: Unsent) -> None:
         """Back in its place by publication order, ahead of what was published after it."""

@@ -8,7 +8,9 @@ kombu's ``_put`` runs as ever, but the client it is handed catches that one call
 parameters, less the queue URL, become the message's SendMessageBatch entry, and the
 client and URL its target. A body too large for SQS goes to S3 first, as a SendMessage's
 would (:meth:`~celery_sqs_heartbeat.payload_store.PayloadStore.offload`), so the entry
-is sized as SQS will count it. Outside a scope nothing changes.
+is sized as SQS will count it, against its queue's ``MaximumMessageSize``
+(:func:`~celery_sqs_heartbeat.sqs_send.queue_message_limit`). Outside a scope of the
+publishing thread's own nothing changes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .payload_store import PayloadStore
 from .payloads import message_size
 from .publish_book import Unsent
 from .sqs_facts import is_fifo
+from .sqs_send import queue_message_limit
 
 __all__ = ["BatchPublishingChannel"]
 
@@ -49,7 +52,7 @@ class _SendCatcher:
 
 
 class BatchPublishingChannel(SQS.Channel):
-    """``_put`` hands its message to the batch publisher while a scope is open."""
+    """``_put`` hands its message to the batch publisher while its thread has a scope open."""
 
     payloads: PayloadStore
 
@@ -89,6 +92,8 @@ class BatchPublishingChannel(SQS.Channel):
             entry=entry,
             size=message_size(entry["MessageBody"], entry.get("MessageAttributes")),
             group=entry.get("MessageGroupId") if fifo else None,
+            queue=queue_url,
+            call_limit=queue_message_limit(client, queue_url),
         )
 
 

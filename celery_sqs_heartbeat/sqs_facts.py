@@ -13,9 +13,12 @@ while a lease taken for lost lets SQS hand its running task to another worker.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "FATAL_CODES",
     "LOST_LEASE_CODES",
+    "MAX_MESSAGE_SIZE_ATTRIBUTE",
     "QUEUE_DELETED_RECENTLY",
     "QUEUE_MISSING_CODES",
     "RECEIVE_COUNT_ATTRIBUTE",
@@ -31,6 +34,7 @@ __all__ = [
     "SQS_MIN_RETENTION_SECONDS",
     "SQS_QUEUE_NAME_REUSE_SECONDS",
     "THROTTLING_CODES",
+    "aws_queue_account",
     "canonical_code",
     "error_code",
     "is_beyond_hold_limit",
@@ -52,6 +56,11 @@ SQS_MAX_MESSAGE_SIZE = 1_048_576
 #: attributes summed (SQS refuses a longer call whole: ``BatchRequestTooLong``). The
 #: same 1 MiB as one message, so a message SQS takes alone always fits a call alone.
 SQS_MAX_BATCH_SEND_SIZE = SQS_MAX_MESSAGE_SIZE
+
+#: The queue attribute holding the largest message the queue takes (1 KiB to 1 MiB; 1 MiB,
+#: :data:`SQS_MAX_MESSAGE_SIZE`, on a queue created without it). A message past it is
+#: refused, and in a SendMessageBatch SQS may refuse the whole call naming no entry.
+MAX_MESSAGE_SIZE_ATTRIBUTE = "MaximumMessageSize"
 
 #: SQS never keeps a message invisible for longer than 12 hours after one receive: a
 #: visibility timeout above this is refused, and renewals cannot push past it either.
@@ -194,3 +203,18 @@ def is_fifo(queue_name: str) -> bool:
     queue's name, so the name tells without a GetQueueAttributes call.
     """
     return queue_name.endswith(".fifo")
+
+
+#: An AWS queue URL: ``https://sqs.<region>.amazonaws.com[.cn]/<12-digit account>/<name>``
+#: (or the older ``https://<region>.queue.amazonaws.com/...``).
+_AWS_QUEUE_URL = re.compile(r"https://[a-z0-9.-]+\.amazonaws\.com(?:\.cn)?/(\d{12})/[^/]+")
+
+
+def aws_queue_account(queue_url: str | None) -> str | None:
+    """The account that owns an AWS queue, from its URL; None for any other endpoint.
+
+    A local server's URLs carry an account too (moto's 123456789012), which names
+    nobody's buckets, hence AWS's host only.
+    """
+    found = _AWS_QUEUE_URL.fullmatch(queue_url or "")
+    return found.group(1) if found else None

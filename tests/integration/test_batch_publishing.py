@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from celery import Celery, chord, group
 
 from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
@@ -31,6 +32,9 @@ from .test_large_payloads import LARGE, new_bucket, objects
 LEASE = 10
 #: A 215 kB body once kombu base64-encodes it twice: under the S3 threshold, six past 1 MiB.
 MEDIUM = 120_000
+#: A body of some 278 kB once kombu base64-encodes it twice: past a 256 KiB queue's limit.
+OVER_256_KIB = 155_000
+KIB = 1024
 BUSY = "tests.integration.app.busy"
 SIZED = "tests.integration.app.sized"
 
@@ -79,9 +83,11 @@ def test_a_loop_a_group_and_another_thread_publish_in_full_calls_each_task_runs_
     from_thread: list[str] = []
 
     def publish_elsewhere() -> None:
-        from_thread.extend(
-            app.send_task(BUSY, args=(f"thread{n}", 0)).id for n in range(SQS_BATCH_SIZE)
-        )
+        # A scope is its own thread's: another thread opens one of its own.
+        with publishing_in_batches():
+            from_thread.extend(
+                app.send_task(BUSY, args=(f"thread{n}", 0)).id for n in range(SQS_BATCH_SIZE)
+            )
 
     with publishing_in_batches():
         looped = [app.send_task(BUSY, args=(f"loop{n}", 0)).id for n in range(15)]
@@ -274,3 +280,75 @@ def test_a_producer_killed_in_a_scope_leaves_what_sqs_confirmed_and_at_most_the_
     assert len(held) == len(set(held)), Counter(held).most_common(3)
     assert recorded <= set(held)
     assert len(unconfirmed) <= MAX_PUBLISH_CALLS_IN_FLIGHT * SQS_BATCH_SIZE
+
+
+def queue_with_limit(bed: Bed, maximum_message_size: int) -> None:
+    """The bed's queue, created up front with a lower ``MaximumMessageSize`` than SQS's 1 MiB."""
+    bed.sqs().create_queue(
+        QueueName=bed.queue,
+        Attributes={
+            "VisibilityTimeout": str(LEASE),
+            "MaximumMessageSize": str(maximum_message_size),
+        },
+    )
+
+
+def test_a_publish_on_a_thread_without_a_scope_is_its_own_while_another_thread_has_one(
+    bed: Bed,
+) -> None:
+    """Issue 31, 2: thread B, with no scope, publishes a message SQS refuses (too long for
+    the queue) while thread A has a scope open. B's ``send_task`` raises SQS's refusal, as
+    outside any scope; A's scope, which published nothing, has nothing to report."""
+    queue_with_limit(bed, KIB)
+    app = producer(bed)
+    opened, published = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def scope_on_another_thread() -> None:
+        try:
+            with publishing_in_batches():
+                opened.set()
+                published.wait(30)
+        except PublishingFailed as failed:
+            outcome["scope"] = failed.task_ids
+        else:
+            outcome["scope"] = []
+
+    other = threading.Thread(target=scope_on_another_thread)
+    other.start()
+    assert opened.wait(30)
+    bed.server.reset_calls()
+    try:
+        app.send_task(SIZED, args=("too long", "x" * KIB))
+    except ClientError as refused:
+        outcome["publish"] = refused.response["Error"]["Code"]
+    else:
+        outcome["publish"] = "returned"
+    finally:
+        published.set()
+    other.join(60)
+    calls = bed.server.calls()
+    report("publish beside another thread's scope", calls=calls, **outcome)
+    assert outcome == {"publish": "InvalidParameterValue", "scope": []}
+    assert calls.get("SendMessage") == 1 and "SendMessageBatch" not in calls, calls
+    assert task_ids_in_queue(bed) == []
+
+
+def test_one_message_over_the_queue_s_size_is_refused_alone_and_the_nine_others_are_taken(
+    bed: Bed,
+) -> None:
+    """Issue 31, 5: nine small tasks and one of some 278 kB, in a scope, to a queue that
+    takes 256 KiB a message: only the large one is named, and the nine are in SQS."""
+    queue_with_limit(bed, 256 * KIB)
+    app = producer(bed)
+    small: list[str] = []
+    large: list[str] = []
+    with pytest.raises(PublishingFailed) as failed, publishing_in_batches():
+        small.extend(app.send_task(BUSY, args=(f"small{n}", 0)).id for n in range(4))
+        large.append(app.send_task(SIZED, args=("large", "x" * OVER_256_KIB)).id)
+        small.extend(app.send_task(BUSY, args=(f"small{n}", 0)).id for n in range(4, 9))
+    held = task_ids_in_queue(bed)
+    report("one message over the queue's size", refused=failed.value.reasons, held=len(held))
+    assert failed.value.task_ids == large
+    assert "InvalidParameterValue" in failed.value.reasons[large[0]]
+    assert sorted(held) == sorted(small)

@@ -19,7 +19,7 @@ KIB = 1024
 
 
 def message(task_id: str, target: str = "q", size: int = 100, group: str | None = None) -> Unsent:
-    return Unsent(task_id, target, {"MessageBody": task_id}, size, group)
+    return Unsent(task_id, target, {"MessageBody": task_id}, size, group, queue=target)
 
 
 def book_of(*items: Unsent, now: float = 0.0) -> PublishBook:
@@ -185,3 +185,39 @@ def test_bytes_waiting_count_what_is_not_on_the_wire() -> None:
     assert batch is not None and book.bytes_waiting() == 0
     book.settle(batch, {0: (SendOutcome.RETRY, "x"), 1: (SendOutcome.SENT, "")}, WAIT)
     assert book.bytes_waiting() == 10
+
+
+def test_a_fifo_group_keeps_its_order_whichever_producer_s_client_sends_it() -> None:
+    """Issue 31, 4: Celery's producer pool hands one thread different producers, each
+    with a client of its own; the group's order is the queue's all the same."""
+    first = Unsent("m1", "producer1", {"MessageBody": "m1"}, 100, "A", queue="q")
+    later = [
+        Unsent(f"m{n}", "producer2", {"MessageBody": "x"}, 100, "A", queue="q") for n in (2, 3, 4)
+    ]
+    book = book_of(first, *later)
+    batch = book.take_batch(WAIT)
+    assert ids(batch) == ["m1"]
+    assert book.take_batch(WAIT) is None  # the group is on the wire, through producer1
+    assert batch is not None
+    book.settle(batch, answer(batch, SendOutcome.RETRY, "InternalError"), 1.0)
+    assert book.take_batch(1.0) is None  # m1 waits for its retry, and m2 to m4 behind it
+    assert book.next_wake(1.0) == 1.0 + RETRY_FIRST_DELAY
+    again = book.take_batch(1.0 + RETRY_FIRST_DELAY)
+    assert ids(again) == ["m1"]
+    assert again is not None
+    book.settle(again, answer(again, SendOutcome.SENT), 2.0)
+    assert ids(book.take_batch(2.0)) == ["m2", "m3", "m4"]
+
+
+def test_a_call_holds_no_more_than_its_queue_s_maximum_message_size() -> None:
+    """Issue 31, 5: nine small messages and one over a 256 KiB queue's limit: the large
+    one goes alone, for SQS to refuse alone, and takes no other message down."""
+    limit = 256 * KIB
+    small = [message(f"s{n}", size=KIB) for n in range(9)]
+    large = message("large", size=270_000)
+    for item in (*small, large):
+        item.call_limit = limit
+    book = book_of(*small[:4], large, *small[4:])
+    book.hurry(0.0)
+    assert ids(book.take_batch(0.0)) == [f"s{n}" for n in range(9)]
+    assert ids(book.take_batch(0.0)) == ["large"]

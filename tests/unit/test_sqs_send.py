@@ -12,7 +12,8 @@ from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.publish_book import SendOutcome
 from celery_sqs_heartbeat.sqs import MAX_PUBLISH_CALLS_IN_FLIGHT, publish_client
-from celery_sqs_heartbeat.sqs_send import send_message_batch
+from celery_sqs_heartbeat.sqs_facts import SQS_MAX_MESSAGE_SIZE
+from celery_sqs_heartbeat.sqs_send import queue_message_limit, send_message_batch
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs.fifo"
 OPERATION = "send_message_batch"
@@ -22,7 +23,6 @@ ENTRIES = [
     {"MessageBody": "b", "MessageGroupId": "g", "MessageDeduplicationId": "d-b"},
     {"MessageBody": "c", "MessageGroupId": "g", "MessageDeduplicationId": "d-c"},
 ]
-
 
 
 @pytest.fixture
@@ -95,7 +95,6 @@ def test_an_entry_in_no_list_is_left_for_the_book_to_retry(
         ("AccessDenied", 403, SendOutcome.REFUSED),
         # AWS's JSON protocol without the query-compatible header: still for good.
         ("com.amazon.coral.service#AccessDeniedException", 400, SendOutcome.REFUSED),
-        ("AWS.SimpleQueueService.BatchRequestTooLong", 400, SendOutcome.REFUSED),
     ],
 )
 def test_a_call_refused_whole_gives_each_entry_the_call_s_outcome(
@@ -134,3 +133,62 @@ def test_the_publish_client_has_a_connection_per_call_in_flight_and_the_source_s
     assert client.meta.config.max_pool_connections >= MAX_PUBLISH_CALLS_IN_FLIGHT
     assert client.meta.config.retries["total_max_attempts"] == 1
     assert client._request_signer._credentials is source._request_signer._credentials
+
+
+def request_of(*indexes: int) -> dict[str, Any]:
+    """The request that carries these of :data:`ENTRIES`, numbered afresh."""
+    entries = [ENTRIES[index] for index in indexes]
+    return {
+        "QueueUrl": QUEUE_URL,
+        "Entries": [{"Id": str(number), **entry} for number, entry in enumerate(entries)],
+    }
+
+
+@pytest.mark.parametrize(
+    "code", ["InvalidParameterValue", "AWS.SimpleQueueService.BatchRequestTooLong"]
+)
+def test_a_call_refused_whole_for_one_entry_is_split_until_only_that_entry_is_refused(
+    source: BaseClient, stub: Stubber, code: str
+) -> None:
+    """Issue 31, 5: SQS names no entry when one message is too long for the queue; the
+    others of its call are not to blame, and go in halves until the culprit is alone."""
+    stub.add_client_error(OPERATION, code, "too long", 400, expected_params=request())
+    stub.add_response(OPERATION, {"Successful": [ok("0")], "Failed": []}, request_of(0))
+    stub.add_client_error(OPERATION, code, "too long", 400, expected_params=request_of(1, 2))
+    stub.add_response(OPERATION, {"Successful": [ok("0")], "Failed": []}, request_of(1))
+    stub.add_client_error(OPERATION, code, "too long", 400, expected_params=request_of(2))
+    results = send_message_batch(source, QUEUE_URL, ENTRIES)
+    assert results == {
+        0: (SendOutcome.SENT, ""),
+        1: (SendOutcome.SENT, ""),
+        2: (SendOutcome.REFUSED, f"{code.rsplit('.', 1)[-1]}: too long"),
+    }
+
+
+def test_a_split_call_sends_its_second_half_only_once_the_first_needs_no_retry(
+    source: BaseClient, stub: Stubber
+) -> None:
+    """The entries of a FIFO group go in order: a later half never overtakes an earlier
+    entry that SQS failed for now. Left unanswered, the book retries it in its place."""
+    stub.add_client_error(OPERATION, "InvalidParameterValue", "no", 400, expected_params=request())
+    failed_now = {"Successful": [], "Failed": [failed("0", "InternalError", sender_fault=False)]}
+    stub.add_response(OPERATION, failed_now, request_of(0))
+    assert send_message_batch(source, QUEUE_URL, ENTRIES) == {
+        0: (SendOutcome.RETRY, "InternalError: why")
+    }
+
+
+def test_the_queue_s_maximum_message_size_is_read_once_and_its_default_when_unreadable(
+    source: BaseClient, stub: Stubber
+) -> None:
+    readable, unreadable = f"{QUEUE_URL}-256", f"{QUEUE_URL}-denied"
+    stub.add_response(
+        "get_queue_attributes",
+        {"Attributes": {"MaximumMessageSize": "262144"}},
+        {"QueueUrl": readable, "AttributeNames": ["MaximumMessageSize"]},
+    )
+    stub.add_client_error("get_queue_attributes", "AccessDenied", "no", 403)
+    assert queue_message_limit(source, readable) == 262_144
+    assert queue_message_limit(source, readable) == 262_144
+    assert queue_message_limit(source, unreadable) == SQS_MAX_MESSAGE_SIZE
+    assert queue_message_limit(source, unreadable) == SQS_MAX_MESSAGE_SIZE
