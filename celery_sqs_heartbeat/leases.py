@@ -161,6 +161,9 @@ class Lease:
     ended: bool = False
     #: Reported lost (WARNING and ``lease_lost``): never reported twice.
     lost: bool = False
+    #: A fresh copy of its message was sent with its body as SQS holds it: an S3
+    #: pointer's object must outlive this message's delete, for the copy.
+    copied: bool = False
     pending_release: Release | None = None
     #: Whether the lease waits in its group's heap (not due yet, not on the wire).
     scheduled: bool = False
@@ -322,6 +325,14 @@ class LeaseBook:
             yield from queue.leases.values()
 
     def add(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on, unless it ended: an ended lease stays ended.
+
+        A lease may end before it is added (a late answer's, released while its
+        confirmation was out), and renewing it would hide a released or deleted message
+        again, for as long as the process lives.
+        """
+        if lease.ended:
+            return
         key = (lease.queue, lease.policy)
         queue = self._by_queue.get(key)
         if queue is None:
@@ -349,6 +360,38 @@ class LeaseBook:
             lease.pending_release = release
             self._releases_waiting.add(lease)
             return None
+        return release
+
+    def confirming(self, lease: Lease) -> bool:
+        """Whether a renewal confirming ``lease`` may go out; if so, it is being renewed.
+
+        The lease of an answer read late is confirmed before it is added. Marked as being
+        renewed meanwhile, its release (the channel closing) waits for the confirmation
+        to come back, as for a renewal of the book's own, so the release is the last word.
+        """
+        if lease.ended:
+            return False
+        lease.renewing = True
+        return True
+
+    def confirmed(self, lease: Lease, expires_at: float | None) -> Release | None:
+        """The confirmation of ``lease`` came back, renewing it until ``expires_at``.
+
+        None: SQS did not confirm it, and it is not added. A lease that ended meanwhile is
+        not added either; the release it was waiting for, returned, can go out now.
+        """
+        lease.renewing = False
+        if lease.ended:
+            return self._take_pending_release(lease)
+        if expires_at is not None:
+            lease.expires_at = expires_at
+            self.add(lease)
+        return None
+
+    def _take_pending_release(self, lease: Lease) -> Release | None:
+        """The release that waited for a renewal of ``lease`` to come back, if any."""
+        release, lease.pending_release = lease.pending_release, None
+        self._releases_waiting.discard(lease)
         return release
 
     def suspend(self, lease: Lease) -> None:
@@ -523,10 +566,9 @@ class LeaseBook:
             if lease.ended:
                 # Acked or released meanwhile: whatever SQS said is moot now, except that
                 # the release it was waiting for can go out.
-                if lease.pending_release is not None:
-                    settlement.releases.append(lease.pending_release)
-                    lease.pending_release = None
-                    self._releases_waiting.discard(lease)
+                release = self._take_pending_release(lease)
+                if release is not None:
+                    settlement.releases.append(release)
                 continue
             if outcome is EntryResult.OK:
                 # Counted from when the call was sent: SQS started the new lease at some

@@ -135,17 +135,57 @@ class VisibilityExtensionManager:
         return sorted(statuses, key=lambda status: status.age, reverse=True)
 
     def track(self, lease: Lease, check_interval: float) -> None:
-        """Renew ``lease`` from now on; checks happen at least every ``check_interval``."""
+        """Renew ``lease`` from now on; checks happen at least every ``check_interval``.
+
+        A lease that ended (acked, released, deleted) is not renewed again.
+        """
         with self._lock:
             self._book.add(lease)
-            self._report.leases_held(len(self._book))
-            self._interval = min(self._interval, check_interval)
-            self._book.margin.interval = self._interval
-            # Wake the thread only if it would sleep past the first check this lease
-            # needs; a wake-up per receive would be a check per receive.
-            if self._loop.sleeping_until > self.clock() + check_interval:
-                self._changed.notify_all()
+            self._tracking(check_interval)
         self._ensure_thread()
+
+    def confirm(
+        self, queue: LeaseQueue, entries: Sequence[tuple[Lease, int]], check_interval: float
+    ) -> Answers:
+        """Renew late leases now, on the caller's thread, and track those SQS confirmed.
+
+        The leases of an answer read late are renewed before anything else is done with
+        their messages. While that renewal is out they count as being renewed: a release
+        meanwhile (the channel closing) goes out once SQS answered, so that it is the
+        last word, and a lease ended before or meanwhile is never tracked. Returns SQS's
+        answers for the leases sent; an ended lease is not sent.
+        """
+        with self._lock:
+            sending = [(lease, length) for lease, length in entries if self._book.confirming(lease)]
+        if not sending:
+            return {}
+        sent_at = self.clock()
+        leases = [lease for lease, _ in sending]
+        call = functools.partial(queue.change_visibility, sending)
+        answers = _ask(queue, "Confirming late SQS leases", leases, call)
+        with self._lock:
+            now = self.clock()
+            for lease, length in sending:
+                outcome, _ = answers.get(lease, (EntryResult.TRANSIENT, "no answer"))
+                confirmed = sent_at + length if outcome is EntryResult.OK else None
+                release = self._book.confirmed(lease, confirmed)
+                if release is not None:
+                    item = Outgoing(lease, Request.RELEASE, release.delay, release.reason)
+                    self._outbox.add(item, now)
+                    self._changed.notify_all()
+            self._tracking(check_interval)
+        self._ensure_thread()
+        return answers
+
+    def _tracking(self, check_interval: float) -> None:
+        """Under the lock, after leases were added: the gauge, and checks often enough."""
+        self._report.leases_held(len(self._book))
+        self._interval = min(self._interval, check_interval)
+        self._book.margin.interval = self._interval
+        # Wake the thread only if it would sleep past the first check this lease
+        # needs; a wake-up per receive would be a check per receive.
+        if self._loop.sleeping_until > self.clock() + check_interval:
+            self._changed.notify_all()
 
     def end(self, lease: Lease) -> None:
         """Stop renewing ``lease`` without telling SQS (kombu deletes the message itself)."""
@@ -166,6 +206,7 @@ class VisibilityExtensionManager:
         """If ``lease`` is a new receive of a message acked here, delete it by this receipt.
 
         True if its delete was pending or just confirmed: the message must not run again.
+        A message copied with its S3 pointer keeps its object, by this receipt too.
         """
         with self._lock:
             replaced = self._outbox.redirect_delete(lease, self.clock())
@@ -173,6 +214,7 @@ class VisibilityExtensionManager:
                 return False
             self._book.end(replaced)
             lease.task_id, lease.task_name = replaced.task_id, replaced.task_name
+            lease.copied = replaced.copied
             self._report.leases_held(len(self._book))
             self._wake_if_due_sooner()
         self._ensure_thread()

@@ -29,10 +29,10 @@ from celery.utils.log import get_logger
 from .leases import EntryResult, Lease, LeasePolicy
 from .manager import VisibilityExtensionManager
 from .options import HeartbeatOptions
-from .parking import PARK_WAIT_SHARE, ParkingPolicy, read_due
+from .parking import PARK_WAIT_SHARE, ParkingPolicy, copy_attributes, read_due
 from .receive_steps import Received
 from .reporting import PARKED_REASON
-from .sqs import SQSQueue
+from .sqs import FreshCopy, SQSQueue
 from .sqs_facts import is_fifo
 
 __all__ = ["Parker"]
@@ -69,7 +69,7 @@ class Parker:
         wait = self.options.visibility_timeout * PARK_WAIT_SHARE
         staying: list[Received] = []
         parked: list[tuple[Lease, int]] = []
-        copies: list[tuple[Lease, str, int]] = []
+        copies: list[FreshCopy] = []
         for received in batch:
             lease = received.lease
             due = read_due(received.message.get("Body") or "") if lease else None
@@ -84,7 +84,7 @@ class Parker:
             if copy is None:
                 parked.append((lease, hide))
             else:
-                copies.append((lease, received.message["Body"], copy))
+                copies.append((lease, *_as_sent(received), copy))
             logger.info(
                 "Parking %s in SQS for %d s%s: its ETA is %.0f s away",
                 lease.describe(),
@@ -120,17 +120,19 @@ class Parker:
                 return True
         return self._redrive[queue.url]
 
-    def _send_fresh_copies(self, queue: SQSQueue, copies: list[tuple[Lease, str, int]]) -> None:
+    def _send_fresh_copies(self, queue: SQSQueue, copies: list[FreshCopy]) -> None:
         """Send the copies; delete each original only once SQS confirmed its copy.
 
         An original whose copy failed is parked as it is instead, to be copied at its
-        next receive. Until then its lease, born at the receive, is renewed.
+        next receive. Until then its lease, born at the receive, is renewed. A copy
+        carries the original's S3 pointer, so the original's delete leaves the object.
         """
         results = queue.send_copies(copies)
         wait = self.options.ack_batch_interval
-        for lease, _, delay in copies:
+        for lease, _, _, delay in copies:
             outcome, reason = results.get(lease, (EntryResult.TRANSIENT, "no answer"))
             if outcome is EntryResult.OK:
+                lease.copied = True
                 self.manager.delete(lease, wait)
             else:
                 logger.warning(
@@ -139,6 +141,17 @@ class Parker:
                     reason,
                 )
                 self.manager.release([(lease, delay)], PARKED_REASON, wait)
+
+
+def _as_sent(received: Received) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The body and attributes of a fresh copy: the original's as SQS holds it.
+
+    A body read from S3 goes out as the pointer it was received as, not as the body,
+    which may be over SQS's limit (:func:`~celery_sqs_heartbeat.parking.copy_attributes`).
+    """
+    body = received.message.get("Body") or ""
+    attributes = received.message.get("MessageAttributes") or {}
+    return received.sent_body, copy_attributes(received.sent_body, body, attributes)
 
 
 def _start(target: Callable[..., None], *args: Any) -> None:

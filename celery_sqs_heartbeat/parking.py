@@ -19,13 +19,22 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .payloads import LEGACY_SIZE_ATTRIBUTE, SIZE_ATTRIBUTE, size_attribute
 from .sqs_facts import SQS_MAX_DELAY_SECONDS
 
-__all__ = ["PARK_WAIT_SHARE", "RETURN_LEAD", "Due", "ParkingPolicy", "read_due"]
+__all__ = [
+    "PARK_WAIT_SHARE",
+    "RETURN_LEAD",
+    "Due",
+    "ParkingPolicy",
+    "copy_attributes",
+    "read_due",
+]
 
 #: Seconds before its ETA a parked message becomes visible again (at most half the
 #: threshold): a worker's long poll in progress receives it at once, one between polls at
@@ -118,6 +127,31 @@ class ParkingPolicy:
                 return None
             hide = math.ceil(due.eta - now)
         return min(SQS_MAX_DELAY_SECONDS, hide)
+
+
+def copy_attributes(
+    sent_body: str, body: str, received: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The message attributes of a fresh copy whose body went through S3, if it did.
+
+    The copy is sent with the body SQS held (``sent_body``), never the one read from S3
+    (``body``), which may be over SQS's limit; so, like the original, it is marked as
+    an S3 pointer, with the attribute as the sender wrote it when the receive asked for
+    it (``received``), or else with the size of the object, which is what AWS's clients
+    and this package write. A body that did not go through S3 needs no attribute.
+    """
+    if sent_body == body:
+        return {}
+    marks = {
+        name: {part: value for part, value in attribute.items() if part in _ATTRIBUTE_PARTS}
+        for name, attribute in received.items()
+        if name in (SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE)
+    }
+    return marks or size_attribute(len(body.encode("utf-8")))
+
+
+#: What SendMessage takes of an attribute as ReceiveMessage gives it.
+_ATTRIBUTE_PARTS = ("DataType", "StringValue", "BinaryValue")
 
 
 def read_due(body: str) -> Due | None:

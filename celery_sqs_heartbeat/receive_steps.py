@@ -6,7 +6,7 @@
    it (:meth:`ReceiveSteps.born`). An answer read so late that its leases were already
    due (a solo worker's event loop, blocked by a task while the answer waited) is
    delivered only once a renewal confirms that SQS still holds the message for this
-   receipt: meanwhile SQS may have handed it to another worker (:meth:`ReceiveSteps.confirmed`);
+   receipt: meanwhile SQS may have handed it to another worker (:meth:`ReceiveSteps.confirm`);
 2. **known**: a message this channel holds already (its lease lapsed and SQS handed it out
    again) or acked a moment ago is not delivered again (:meth:`ReceiveSteps.known`); its
    message id is all this takes, so its body is not read: an acked message's S3 object
@@ -29,8 +29,8 @@ deleted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery.utils.log import get_logger
@@ -51,13 +51,18 @@ logger = get_logger(__name__)
 class Received:
     """One message of a ReceiveMessage answer, on its way through the steps."""
 
-    #: The message as SQS answered it; step 2 replaces an S3 pointer by its body.
+    #: The message as SQS answered it; step 3 replaces an S3 pointer by its body.
     message: dict[str, Any]
     #: None for a message that is not held: a no-ack queue's, or one without a handle.
     lease: Lease | None
     #: Its lease was due when the answer was read: not renewed, nor delivered, until a
-    #: renewal confirms it (:meth:`ReceiveSteps.confirmed`).
+    #: renewal confirms it (:meth:`ReceiveSteps.confirm`).
     unconfirmed: bool = False
+    #: The body as SQS holds it, an S3 pointer still: what a fresh copy sends (step 4).
+    sent_body: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sent_body = self.message.get("Body") or ""
 
 
 class ParkStep(Protocol):
@@ -113,33 +118,42 @@ class ReceiveSteps:
             batch.append(Received(message, lease, unconfirmed=confirm))
         return batch
 
-    def confirmations(self, batch: list[Received]) -> list[tuple[Lease, int]]:
-        """The renewals that must confirm the batch's late leases, before anything else."""
+    def confirm(
+        self, batch: list[Received], queue: SQSQueue, receive_sent_at: float
+    ) -> list[Received]:
+        """Step 1's confirmation: the batch less the late leases SQS did not confirm.
+
+        Blocking: the late leases are renewed now, and those SQS confirmed are tracked
+        (:meth:`VisibilityExtensionManager.confirm`); one released meanwhile (the channel
+        closed) stays released and is not run. ``receive_sent_at`` is when the receive
+        that brought the batch was sent.
+        """
         now = self.manager.clock()
-        return [
+        renewals = [
             (lease, lease.capped_visibility(self.lease_policy.visibility_timeout, now))
             for received in batch
             if received.unconfirmed and (lease := received.lease) is not None
         ]
+        if not renewals:
+            return batch
+        interval = self.options.visibility_extension_interval
+        answers = self.manager.confirm(queue, renewals, interval)
+        return self._confirmed(batch, answers, now - receive_sent_at)
 
-    def confirmed(
+    def _confirmed(
         self,
         batch: list[Received],
-        renewals: Sequence[tuple[Lease, int]],
         answers: Mapping[Lease, tuple[EntryResult, str]],
-        sent_at: float,
         read_after: float,
     ) -> list[Received]:
-        """The batch less the late leases SQS did not confirm; those confirmed are renewed.
+        """The batch less the late leases SQS did not confirm, or that ended meanwhile.
 
         A refused renewal means SQS handed the message to someone else meanwhile (or the
         handle is otherwise no longer good): it is not run here. One that failed for a
         passing reason cannot tell: the message is not run here either, and SQS shows
         it again when its lease ends. Either way nothing is lost, and nothing runs twice.
-        ``renewals`` were sent at ``sent_at``, and SQS gave ``answers``; ``read_after`` is
-        how long after its receive was sent the answer was read.
+        ``read_after`` is how long after its receive was sent the answer was read.
         """
-        lengths = dict(renewals)
         kept: list[Received] = []
         dropped: list[tuple[Lease, str]] = []
         for received in batch:
@@ -147,13 +161,13 @@ class ReceiveSteps:
             if not received.unconfirmed or lease is None:
                 kept.append(received)
                 continue
+            if lease.ended:  # released meanwhile: the channel closed
+                continue
             outcome, reason = answers.get(lease, (EntryResult.TRANSIENT, "no answer"))
             if outcome is not EntryResult.OK:
                 dropped.append((lease, reason))
                 continue
-            lease.expires_at = sent_at + lengths.get(lease, 0)
             received.unconfirmed = False
-            self.manager.track(lease, self.options.visibility_extension_interval)
             kept.append(received)
         if dropped:
             logger.warning(

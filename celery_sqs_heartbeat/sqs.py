@@ -33,11 +33,15 @@ __all__ = [
     "MAX_CALLS_IN_FLIGHT",
     "MAX_PUBLISH_CALLS_IN_FLIGHT",
     "MAX_SENDS_IN_FLIGHT",
+    "FreshCopy",
     "SQSQueue",
     "publish_client",
     "receive_client",
     "renewal_client",
 ]
+
+#: A fresh copy of a received message: its lease, body, message attributes and delay.
+FreshCopy = tuple[Lease, str, dict[str, dict[str, Any]], int]
 
 #: How much of a receipt handle a log line may show.
 HANDLE_PREFIX = 8
@@ -207,18 +211,18 @@ class SQSQueue:
         delete_objects_of(self._client_source, _surely_deleted(results))
         return results
 
-    def send_copies(
-        self, copies: Sequence[tuple[Lease, str, int]]
-    ) -> dict[Lease, tuple[EntryResult, str]]:
-        """Send each ``(lease, body, delay)`` as a new message, ten at most, in one call.
+    def send_copies(self, copies: Sequence[FreshCopy]) -> dict[Lease, tuple[EntryResult, str]]:
+        """Send each ``(lease, body, attributes, delay)`` as a new message, ten at most.
 
         A fresh copy of a received message, which SQS counts from its first receive.
         """
         request = [
             {"Id": str(index), "MessageBody": body, "DelaySeconds": delay}
-            for index, (_, body, delay) in enumerate(copies)
+            | ({"MessageAttributes": attributes} if attributes else {})
+            for index, (_, body, attributes, delay) in enumerate(copies)
         ]
-        return self._batch_call("send_message_batch", [lease for lease, _, _ in copies], request)
+        leases = [lease for lease, _, _, _ in copies]
+        return self._batch_call("send_message_batch", leases, request)
 
     def has_redrive_policy(self) -> bool:
         """Whether the queue moves messages to a dead-letter queue after so many receives.
@@ -251,12 +255,13 @@ def _surely_deleted(results: dict[Lease, tuple[EntryResult, str]]) -> list[Lease
 
     Not those whose lease ran out first: SQS answers a delete by an expired receipt handle
     with success and deletes nothing, and the message, received again, needs its object.
-    A bucket's lifecycle rule removes what is left.
+    Nor those copied: the fresh copy carries the same pointer. A bucket's lifecycle rule
+    removes what is left.
     """
     return [
         lease
         for lease, (outcome, _) in results.items()
-        if outcome is EntryResult.OK and not lease.lost
+        if outcome is EntryResult.OK and not lease.lost and not lease.copied
     ]
 
 

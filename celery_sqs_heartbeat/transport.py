@@ -63,7 +63,7 @@ from .manager import VisibilityExtensionManager, shared_manager
 from .options import HeartbeatOptions
 from .parker import Parker
 from .payload_channel import PayloadChannel, ReadingQoS
-from .payload_options import LargePayloadOptions
+from .payload_options import LargePayloadOptions, PayloadAccess
 from .payload_store import PayloadStore
 from .prometheus import start_exporter
 from .publishing_channel import BatchPublishingChannel
@@ -237,13 +237,7 @@ class Channel(
 
         Blocking: on the blocking receive path, or on a thread off the event loop.
         """
-        renewals = self.steps.confirmations(batch)
-        if renewals:
-            sent_at = self.manager.clock()
-            answers = lease_queue.change_visibility(renewals)
-            read_after = sent_at - receive_sent_at
-            batch = self.steps.confirmed(batch, renewals, answers, sent_at, read_after)
-        return self.steps.known(batch)
+        return self.steps.known(self.steps.confirm(batch, lease_queue, receive_sent_at))
 
     def _sort_and_deliver(
         self, queue: str, qname: str, lease_queue: SQSQueue, batch: list[Received]
@@ -348,8 +342,9 @@ class Transport(SQS.Transport):
             client.transport_options or {}
         )
         payload_options = LargePayloadOptions.from_transport_options(client.transport_options or {})
+        payload_access = PayloadAccess.from_transport_options(client.transport_options or {})
         events_through_sns(client.transport_options or {})
-        self.payload_store = PayloadStore(payload_options)
+        self.payload_store = PayloadStore(payload_options, payload_access)
         super().__init__(client, **kwargs)
         if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:
             # Broadcasts go through SNS then; saying so is what makes Celery start remote
@@ -385,8 +380,9 @@ def _say_at_worker_ready(sender: Any, **_: Any) -> None:
     transport = getattr(getattr(sender, "connection", None), "transport", None)
     if not isinstance(transport, Transport):
         return
+    store = transport.payload_store
     logger.info(
-        "%s", settings_line.describe(transport.heartbeat_options, transport.payload_store.options)
+        "%s", settings_line.describe(transport.heartbeat_options, store.options, store.access)
     )
     if not sender.app.conf.worker_enable_remote_control:
         return

@@ -24,15 +24,19 @@ from kombu.asynchronous import Hub
 from kombu.transport import SQS
 
 from celery_sqs_heartbeat import celery_requests, payload_channel
+from celery_sqs_heartbeat import sqs as sqs_module
 from celery_sqs_heartbeat.leases import EntryResult, Lease
 from celery_sqs_heartbeat.manager import VisibilityExtensionManager
-from celery_sqs_heartbeat.payloads import S3Pointer
+from celery_sqs_heartbeat.metrics import LeaseMetrics
+from celery_sqs_heartbeat.payloads import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.sqs import SQSQueue
 from celery_sqs_heartbeat.transport import Channel
 
 from .conftest import FakeClock
 
 URL = "http://127.0.0.1:9/123456789012/jobs"
+#: SQSQueue's own delete, before a test's fake SQS replaces it.
+REAL_DELETE = SQSQueue.delete
 TASK = "proj.tasks.report"
 
 
@@ -43,6 +47,8 @@ class FakeSQS:
         self.visibility_changes: list[tuple[str, int]] = []
         self.deletes: list[str] = []
         self.copies: list[str] = []
+        #: What each fresh copy was sent with, after its receipt handle.
+        self.copies_sent: list[tuple[Any, ...]] = []
         self.redrive_policy = False
         #: Visibility changes SQS refuses, by receipt handle.
         self.refusals: dict[str, tuple[EntryResult, str]] = {}
@@ -62,8 +68,9 @@ class FakeSQS:
             return {lease: (EntryResult.OK, "") for lease in leases}
 
         def send_copies(_: SQSQueue, copies: Any) -> Any:
-            fake.copies += [lease.receipt_handle for lease, _, _ in copies]
-            return {lease: (EntryResult.OK, "") for lease, _, _ in copies}
+            fake.copies += [entry[0].receipt_handle for entry in copies]
+            fake.copies_sent += [tuple(entry[1:]) for entry in copies]
+            return {entry[0]: (EntryResult.OK, "") for entry in copies}
 
         monkeypatch.setattr(SQSQueue, "change_visibility", change_visibility)
         monkeypatch.setattr(SQSQueue, "delete", delete)
@@ -518,3 +525,99 @@ def test_a_batch_whose_steps_fail_off_the_loop_goes_back_and_frees_its_room(
     assert delivered == [] and channel.messages_reading == 0
     assert len(manager) == 0
     assert sqs.visibility_changes == [("large", 0)]
+
+
+def join_receive_threads() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "celery-sqs-heartbeat-receive":
+            thread.join(10)
+
+
+def test_a_late_answers_lease_released_by_a_close_during_its_confirmation_stays_released(
+    sqs: FakeSQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, item 7: the channel closed while the renewal confirming a late answer was
+    on the wire; its release went out before that renewal landed, and the answer then
+    tracked the released lease: renewed, held and listed for the life of the process."""
+    counters = LeaseMetrics()
+    manager = VisibilityExtensionManager(clock=clock, metrics=counters)
+    monkeypatch.setattr(manager, "_ensure_thread", lambda: None)
+    monkeypatch.setattr(manager, "flush", lambda timeout: manager.check() or 0)
+    events: list[tuple[str, str, int]] = []
+    on_the_wire, answer = threading.Event(), threading.Event()
+
+    def change_visibility(_: SQSQueue, entries: Any) -> Any:
+        entries = list(entries)
+        events.extend(("sent", lease.receipt_handle, seconds) for lease, seconds in entries)
+        if not on_the_wire.is_set():  # the first call: the confirmation
+            on_the_wire.set()
+            answer.wait(10)
+        events.extend(("returned", lease.receipt_handle, seconds) for lease, seconds in entries)
+        return {lease: (EntryResult.OK, "") for lease, _ in entries}
+
+    monkeypatch.setattr(SQSQueue, "change_visibility", change_visibility)
+    channel, delivered = consuming_channel(manager)
+    hub = Hub()
+    channel.hub = hub
+    clock.advance(100)
+    channel.answer_sent_at = clock.now - 25  # read 25 s after the receive was sent
+
+    receive(channel, sqs_message(channel, "late"))
+    assert on_the_wire.wait(10)
+    channel.close()
+    answer.set()
+    join_receive_threads()
+    deadline = time.monotonic() + 10
+    while channel.messages_reading and time.monotonic() < deadline:
+        hub.run_once()
+    for _ in range(3):
+        manager.check()
+        clock.advance(30)
+
+    assert events[:3] == [("sent", "late", 30), ("returned", "late", 30), ("sent", "late", 0)]
+    assert events[3:] == [("returned", "late", 0)], "changed again after its release"
+    assert delivered == []
+    assert len(manager) == 0 and manager.leases() == []
+    assert counters.snapshot().leases_held == 0
+
+
+def test_a_parked_task_read_from_s3_is_copied_with_its_pointer_and_keeps_its_object(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 31, item 8: a parked task received again on a queue with a dead-letter queue
+    was copied with the body read from S3, which may be over SQS's limit, and its object
+    went with the original's delete."""
+    sqs.redrive_policy = True
+    channel, _ = open_channel(large_payload_bucket="tasks")
+    message = sqs_message(channel, "again", eta_in=3600, receive_count=2)
+    full_body, pointer = message["Body"], S3Pointer("tasks", "k-1").body()
+    message["Body"] = pointer
+    monkeypatch.setattr(payload_channel, "_read", lambda *_: full_body)
+    objects_deleted: list[Lease] = []
+    monkeypatch.setattr(SQSQueue, "delete", REAL_DELETE)
+
+    def all_ok(_: SQSQueue, operation: str, leases: Any, request: Any) -> Any:
+        return dict.fromkeys(leases, (EntryResult.OK, ""))
+
+    monkeypatch.setattr(SQSQueue, "_batch_call", all_ok)
+    monkeypatch.setattr(
+        sqs_module, "delete_objects_of", lambda _, leases: objects_deleted.extend(leases)
+    )
+
+    answers = iter([{"Messages": [message]}])
+    monkeypatch.setattr(channel.sqs(queue="jobs"), "receive_message", lambda **_: next(answers, {}))
+    with contextlib.suppress(Empty):
+        channel._get_bulk("jobs")
+    wait_for_copy_threads()
+    clock.advance(60)
+    manager.check()
+
+    [sent] = sqs.copies_sent
+    assert sent[0] == pointer, "the copy carries the body read from S3"
+    size = len(full_body.encode("utf-8"))
+    assert sent[1] == {SIZE_ATTRIBUTE: {"DataType": "Number", "StringValue": str(size)}}
+    assert objects_deleted == [], "the copy's S3 object went with the original's delete"

@@ -578,6 +578,19 @@ def test_end_twice_is_harmless() -> None:
     assert len(book) == 0
 
 
+def test_an_ended_lease_is_never_added_again() -> None:
+    """Issue 31, item 7: a late answer's confirmation tracked a lease that the channel's
+    close had released meanwhile, and it was renewed for as long as the process lived."""
+    lease = make_lease("q")
+    book = book_of(lease)
+    book.end(lease, 0, "shutdown")
+
+    book.add(lease)
+
+    assert list(book) == []
+    assert book.due_batches(1000) == []
+
+
 def test_release_of_a_lease_being_renewed_waits_for_that_renewal_to_come_back() -> None:
     lease = make_lease("q")
     book = book_of(lease)

@@ -527,6 +527,26 @@ def test_a_release_asked_for_during_a_renewal_is_sent_after_that_renewal_returne
     assert len(queue.calls) == 2
 
 
+def test_a_released_lease_tracked_again_is_neither_held_nor_renewed(
+    counted: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    counters: LeaseMetrics,
+) -> None:
+    """Issue 31, item 7: whatever path tracks a lease that ended, it stays ended."""
+    lease = make_lease(queue)
+    counted.release([(lease, 0)], "shutdown")
+
+    counted.track(lease, INTERVAL)
+    for now in (0, 20, 40, 1000):
+        clock.now = now
+        counted.check()
+
+    assert queue.calls == [[(lease, 0)]]
+    assert len(counted) == 0 and counted.leases() == []
+    assert counters.snapshot().leases_held == 0
+
+
 def test_releases_go_out_at_the_next_check_in_batches_of_ten(
     manager: VisibilityExtensionManager,
     clock: FakeClock,
@@ -789,6 +809,22 @@ def test_a_message_received_again_just_after_its_delete_landed_is_deleted_again(
     manager.check()
     assert queue.deletes == [[acked], [again]]
     assert len(manager) == 0
+
+
+def test_a_copied_message_received_again_before_its_delete_landed_keeps_its_s3_object(
+    manager: VisibilityExtensionManager, queue: FakeQueue
+) -> None:
+    """Issue 31, item 8: a parked task's fresh copy carries its S3 pointer, so the delete
+    of the original, by whichever receipt, must leave the object."""
+    copied = tracked(manager, queue)
+    copied.message_id, copied.copied = "m-1", True
+    manager.delete(copied, wait=0.5)
+    again = tracked(manager, queue, receipt_handle="rh-again")
+    again.message_id = "m-1"
+
+    assert manager.redirect_delete(again) is True
+
+    assert again.copied
 
 
 def test_a_message_never_acked_here_is_not_redirected(

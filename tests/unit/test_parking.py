@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_sqs_heartbeat.parking import RETURN_LEAD, Due, ParkingPolicy, read_due
+from celery_sqs_heartbeat.parking import (
+    RETURN_LEAD,
+    Due,
+    ParkingPolicy,
+    copy_attributes,
+    read_due,
+)
+from celery_sqs_heartbeat.payloads import LEGACY_SIZE_ATTRIBUTE, SIZE_ATTRIBUTE, S3Pointer
 
 #: A hand-driven "now", in seconds since the epoch.
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc).timestamp()
@@ -163,3 +170,32 @@ def test_a_hide_that_may_wait_to_be_sent_is_reckoned_from_then() -> None:
     assert POLICY.hide_for(due(NOW + 3600), NOW, sent_within=15) == 3575
     # The decision is the receive's: an ETA just beyond the threshold is still parked.
     assert POLICY.hide_for(due(NOW + 901), NOW, sent_within=15) == 876
+
+
+# --- a fresh copy's message attributes ----------------------------------------------------
+
+POINTER = S3Pointer("tasks", "k-1").body()
+
+
+def test_a_copy_of_a_body_not_read_from_s3_has_no_attributes() -> None:
+    assert copy_attributes("body", "body", {}) == {}
+
+
+def test_a_copy_of_a_body_read_from_s3_is_marked_with_the_objects_size() -> None:
+    """Issue 31, item 8: a receive asks for no message attributes unless told, so the
+    mark is rebuilt from the object, which holds the body the sender measured."""
+    attributes = copy_attributes(POINTER, "é" * 10, {})
+
+    assert attributes == {SIZE_ATTRIBUTE: {"DataType": "Number", "StringValue": "20"}}
+
+
+@pytest.mark.parametrize("name", [SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE])
+def test_a_copy_keeps_the_mark_the_sender_wrote_and_no_other_attribute(name: str) -> None:
+    received = {
+        name: {"DataType": "Number", "StringValue": "300000", "StringListValues": []},
+        "tenant": {"DataType": "String", "StringValue": "acme"},
+    }
+
+    attributes = copy_attributes(POINTER, "the body", received)
+
+    assert attributes == {name: {"DataType": "Number", "StringValue": "300000"}}
