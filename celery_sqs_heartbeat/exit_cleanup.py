@@ -1,4 +1,4 @@
-"""What a process removes from SQS at its exit: the queues it made that nobody else will.
+"""What a process removes from SQS as it leaves: the queues it made that nobody else will.
 
 Two kinds of queue outlive the consumer that would have removed them:
 
@@ -6,16 +6,23 @@ Two kinds of queue outlive the consumer that would have removed them:
   and exits with it still consuming, so its ``celeryev-<uuid>`` queue stayed, subscribed
   to SNS, at every stop.
 - Remote-control reply queues are kept between calls (:mod:`.reply_queues` says why);
-  those of the last minutes of a process are left for the exit.
+  those of the last minutes of a process are left for its exit.
 
-At the interpreter's exit (the end of a script, Ctrl-C, ``sys.exit``, SIGTERM where the
-program exits on it), :data:`leftovers` removes both, each in the way
-:mod:`.queue_cleanup` removes such a queue when its consumer leaves: a worker's mailbox
-is only unsubscribed, never deleted. Only the process that declared a queue removes it:
-a child forked by a prefork pool inherits the parent's channels and its registrations,
-and must leave the parent's queues alone (billiard ends its children with ``os._exit``,
-which runs no exit handler, but a child that exits otherwise would). A process killed
-outright (SIGKILL) runs no exit handler: docs/monitoring.md says what it leaves.
+:data:`leftovers` removes both, by the rule of :mod:`.queue_cleanup`: a single-use queue
+(a monitor's) is deleted, and a queue whose name comes back (a worker's mailbox, the RPC
+backend's) is left as it is, subscribed. It does so:
+
+- at the interpreter's exit (the end of a script, Ctrl-C, ``sys.exit``, SIGTERM where
+  the program exits on it), from an ``atexit`` handler;
+- in a prefork pool child as it leaves (``--max-tasks-per-child``, a warm shutdown),
+  from Celery's ``worker_process_shutdown`` signal, which billiard's pool worker sends
+  in the child just before ending it with ``os._exit``, which runs no ``atexit``
+  handler: a task that had called ``inspect()`` left its reply queue for good.
+
+Only the process that declared a queue removes it: a child forked by a prefork pool
+inherits the parent's channels and its registrations, and must leave the parent's
+queues alone. A process killed outright (SIGKILL) runs neither: docs/monitoring.md says
+what it leaves.
 
 A failure is logged and never raised: the process is leaving anyway, and a queue left
 behind is what happened before.
@@ -27,8 +34,9 @@ import atexit
 import os
 import threading
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
+from celery import signals
 from celery.utils.log import get_logger
 
 from .reply_queues import Delete, ReplyQueueBook
@@ -88,3 +96,11 @@ leftovers = Leftovers()
 @atexit.register
 def _remove_leftovers_at_exit() -> None:
     leftovers.remove(os.getpid())
+
+
+def _remove_leftovers_of_pool_child(**_: Any) -> None:
+    """Celery sends this in a prefork pool child that leaves: the child's own go."""
+    leftovers.remove(os.getpid())
+
+
+signals.worker_process_shutdown.connect(_remove_leftovers_of_pool_child)

@@ -1,27 +1,31 @@
-"""Auto-delete queues leave SNS when their consumer does, and monitors' queues go.
+"""A monitor's event queue goes when its consumer leaves; a queue whose name comes back stays.
 
 Monitors and remote control declare their queues ``auto_delete``: a broker deletes such a
 queue when its last consumer leaves. SQS has no such thing, and kombu's SQS channel left
-every one behind, still subscribed to its SNS topic: each ``celery events`` or Flower
-start left a ``celeryev-<uuid>`` queue that kept filling with events, and a stopped
-worker's pidbox queue kept collecting broadcasts.
+every one behind: each ``celery events`` or Flower start left a ``celeryev-<uuid>``
+queue, subscribed to its SNS topic, that kept filling with events.
 
-When the last consumer of an auto-delete queue is cancelled (``celery events`` stops,
-the channel closes, the worker shuts down), this channel:
+When the last consumer of this channel on an auto-delete queue is cancelled (``celery
+events`` stops, the channel closes, the process exits: :mod:`.exit_cleanup`), the queue
+is deleted, which also unsubscribes it from its SNS topic (kombu's ``queue_delete``),
+only if it is provably this process's alone: an event receiver's queue, bound to
+Celery's event exchange and named with the fresh UUID each receiver makes
+(:func:`is_single_use`).
 
-- deletes an event monitor's queue (bound to Celery's event exchange), which kombu also
-  unsubscribes from its SNS topic: each monitor names its queue with a fresh UUID, so
-  the name never comes back;
-- only unsubscribes any other, such as a worker's mailbox (``<hostname>.celery.pidbox``)
-  or the RPC result backend's queue. Their names come back, at the worker's next start
-  and at every reconnect, and SQS refuses to create a queue for 60 s after deleting one
-  of the same name (``QueueDeletedRecently``): deleting them would stop a worker
-  restarted within the minute, and lose results waiting in the queue. Unsubscribed, a
-  mailbox collects nothing more and costs nothing.
+Any other is left as it is, subscribed, as kombu's stock transport leaves it: a worker's
+mailbox (``<node>.celery.pidbox``), the RPC result backend's queue, an event queue named
+by its receiver's ``node_id``, yours. Their names come back, and nothing tells a leaving
+consumer whether another process consumes the same queue meanwhile: two workers of one
+node name (a blue/green restart on one host) share one mailbox, and SNS's ``Subscribe``
+hands both the same subscription. Unsubscribing it when the old worker stopped left the
+new one's mailbox subscribed to nothing, and every ``inspect``, ``control`` and revoke
+reached no one. Deleting it would also stop a worker restarted within the minute (SQS
+refuses a name deleted less than 60 s before, ``QueueDeletedRecently``). A stopped
+worker's mailbox thus keeps collecting broadcasts, at most its retention period's worth
+(:mod:`.queue_retention`), until a worker of that name reads them.
 
-A remote-control reply queue, auto-delete too, is bound to no topic, so nothing is done
-here: :mod:`.reply_queue_channel` keeps it between calls. An auto-delete queue whose
-consumer is never cancelled (Flower's) goes at the process's exit (:mod:`.exit_cleanup`).
+A remote-control reply queue, auto-delete too, is bound to no topic and not single use
+by that rule: :mod:`.reply_queue_channel` keeps it between calls and deletes it itself.
 
 A failure here is logged and never raised: the consumer is leaving anyway, and a queue
 left behind is what happened before.
@@ -30,6 +34,7 @@ left behind is what happened before.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -37,24 +42,28 @@ from celery.events.event import EVENT_EXCHANGE_NAME
 from celery.utils.log import get_logger
 from kombu.transport import SQS
 
-from .compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .exit_cleanup import leftovers
 
 __all__ = ["DeletesAutoDeleteQueues", "is_single_use"]
 
 logger = get_logger(__name__)
 
+#: An event receiver's queue name when Celery chose its node id: ``<prefix>.<uuid4>``.
+_FRESH_UUID_NAME = re.compile(r".+[.-][0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
-def is_single_use(bound_exchanges: Collection[str]) -> bool:
-    """Whether a queue bound to these exchanges is never declared again once left.
 
-    An event receiver's queue is ``celeryev.<uuid>``, a fresh UUID for each receiver.
+def is_single_use(queue: str, bound_exchanges: Collection[str]) -> bool:
+    """Whether ``queue``, bound to these exchanges, is never declared again once left.
+
+    Celery's event receiver names its queue ``<prefix>.<node id>``, the node id a fresh
+    UUID unless the caller passes one (then the name comes back in every process that
+    does).
     """
-    return EVENT_EXCHANGE_NAME in bound_exchanges
+    return EVENT_EXCHANGE_NAME in bound_exchanges and _FRESH_UUID_NAME.fullmatch(queue) is not None
 
 
 class DeletesAutoDeleteQueues(SQS.Channel):
-    """A channel that removes an auto-delete queue once its last consumer is cancelled."""
+    """A channel that deletes a single-use queue once its last consumer is cancelled."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,39 +81,36 @@ class DeletesAutoDeleteQueues(SQS.Channel):
         queue = self._tag_to_queue.get(consumer_tag)
         cancelled = super().basic_cancel(consumer_tag)
         if (
-            queue in self._auto_delete_queues
+            queue is not None
+            and self._removable(queue)
             and queue not in self._tag_to_queue.values()
-            and not self.predefined_queues
         ):
             self._auto_delete_queues.discard(queue)
-            self._remove_left_queue(queue)
+            self._delete_left_queue(queue)
         return cancelled
 
     def remove_queues_still_consumed(self) -> None:
-        """At exit: the consumers of auto-delete queues never cancelled are, and their queues go.
+        """At exit: the consumers of single-use queues never cancelled are, and their queues go.
 
         Cancelled first, as at any cancel: a thread still polling the queue (Flower's
         event capture) then no longer asks for it, instead of finding it gone and
-        taking its absence for a misconfiguration.
+        taking its absence for a misconfiguration. The consumers of other queues are
+        left as they are: their queues stay anyway.
         """
         for tag, queue in list(self._tag_to_queue.items()):
-            if queue in self._auto_delete_queues:
+            if self._removable(queue):
                 self.basic_cancel(tag)
 
-    def _remove_left_queue(self, queue: str) -> None:
+    def _removable(self, queue: str) -> bool:
+        """Whether ``queue`` goes once this channel no longer consumes it."""
+        if queue not in self._auto_delete_queues or self.predefined_queues:
+            return False
         exchanges = [binding.exchange for binding in self.state.queue_bindings(queue)]
+        return is_single_use(queue, exchanges)
+
+    def _delete_left_queue(self, queue: str) -> None:
         try:
-            if is_single_use(exchanges):
-                # kombu's queue_delete unsubscribes it from each fanout topic it is bound to.
-                self.queue_delete(queue)
-            elif KOMBU_BROADCASTS_THROUGH_SNS:
-                self._unsubscribe(queue, exchanges)
+            # kombu's queue_delete unsubscribes it from each fanout topic it is bound to.
+            self.queue_delete(queue)
         except Exception as error:
             logger.warning("Could not remove the auto-delete queue %r: %r", queue, error)
-
-    def _unsubscribe(self, queue: str, exchanges: list[str]) -> None:
-        for exchange in exchanges:
-            if self._exchange_is_fanout(exchange):
-                self.fanout.subscriptions.unsubscribe_queue(
-                    queue_name=queue, exchange_name=exchange
-                )

@@ -6,9 +6,9 @@ declares the same name again, which SQS refuses for a minute after the delete
 (``QueueDeletedRecently``): :mod:`.reply_queues` says when the name comes back, and
 holds the book of the queues kept. This channel writes that book: a reply queue is noted
 as used when it is declared and when its call ends, and those idle for minutes are
-deleted at the end of a later call; the rest go at the process's exit
-(:mod:`.exit_cleanup`). Kept, a late reply of an earlier call waits in the queue until
-the next call, whose consumer sets it aside by its ticket (kombu's
+deleted at the end of a later call; the rest go as the process leaves, a prefork pool
+child included (:mod:`.exit_cleanup`). Kept, a late reply of an earlier call waits in
+the queue until the next call, whose consumer sets it aside by its ticket (kombu's
 ``Mailbox._collect``) rather than taking it for an answer.
 
 The worker's side: a reply to a reply queue that is gone is dropped (:meth:`_put`).

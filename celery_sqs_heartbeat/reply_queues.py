@@ -8,15 +8,16 @@ each call), and SQS refuses to create a queue under a name deleted less than a m
 ago (``QueueDeletedRecently``).
 
 So a reply queue is kept after its call, and deleted only once unused for
-:data:`REPLY_QUEUE_IDLE_SECONDS`, or at the process's exit. Where the name does not come
+:data:`REPLY_QUEUE_IDLE_SECONDS`, or as the process leaves. Where the name does not come
 back (Flower makes each call from a pool thread with a fresh mailbox copy, four names a
 page refresh), the idle ones go at the next call, so a long-lived monitor keeps only the
 queues of its last few minutes. A name that came back after more than that idle time
 and within the minute after its delete would still be refused; the idle time is long so
 that a program asking every few minutes from one thread keeps its queue.
 
-Pure bookkeeping with the clock passed in: :mod:`.queue_cleanup` deletes what this
-book says, and :mod:`.exit_cleanup` the rest at the exit.
+Pure bookkeeping with the clock passed in: :mod:`.reply_queue_channel` deletes what
+this book says, and :mod:`.exit_cleanup` the rest as the process leaves (at its exit, or
+as a prefork pool child ends, where no exit handler runs).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ReplyQueueBook:
             return self._take(pid, lambda kept: now - kept.last_used >= self._idle_seconds)
 
     def take_all(self, pid: int) -> dict[str, Delete]:
-        """Every queue ``pid`` keeps, no longer kept: its exit deletes them."""
+        """Every queue ``pid`` keeps, no longer kept: it is leaving, and deletes them."""
         with self._lock:
             return self._take(pid, lambda kept: True)
 

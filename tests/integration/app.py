@@ -153,6 +153,16 @@ def pings_the_workers(self, label: str) -> int:
 
 
 @app.task(bind=True)
+def inspects_the_workers(self, label: str) -> int:
+    """Pings every worker through ``inspect()``, as a task that checks on the cluster does:
+    on the app's pooled connection, its reply queue made in the process running the task."""
+    started = time.time()
+    replies = app.control.inspect(timeout=2).ping() or {}
+    _record(self.request.id, label, started, f"{len(replies)} replies")
+    return len(replies)
+
+
+@app.task(bind=True)
 def reads_a_queue_of_its_own(self, label: str) -> str:
     """Waits a second for a message on a queue of its own, on a connection it then closes.
 

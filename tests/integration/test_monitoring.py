@@ -187,7 +187,7 @@ def test_celery_events_dump_shows_a_tasks_events_and_a_monitor_gets_only_its_rou
 
 
 @needs_sns_fanout
-def test_monitors_and_a_stopped_worker_leave_no_subscription_and_only_the_pidbox_queue(
+def test_monitors_leave_nothing_and_a_stopped_worker_only_its_subscribed_mailbox(
     bed: Bed,
 ) -> None:
     name = f"cl{uuid.uuid4().hex[:6]}"
@@ -221,10 +221,66 @@ def test_monitors_and_a_stopped_worker_leave_no_subscription_and_only_the_pidbox
         "celeryev",
         "celery-pidbox",
     }, subscriptions_during
-    assert subscriptions_after == subscriptions_before
+    # The worker's mailbox, still subscribed: another worker of its name may read it.
+    mailbox = f"{name}_{socket_host()}-celery-pidbox"
+    added = subscriptions_after - subscriptions_before
+    assert added == {f"celery-pidbox -> {mailbox}"}, added
     left = sorted(url.rsplit("/", 1)[1] for url in queues_after - queues_before)
     # The task queue, and the worker's mailbox: its name comes back at its next start.
-    assert left == sorted([bed.queue, f"{name}_{socket_host()}-celery-pidbox"]), left
+    assert left == sorted([bed.queue, mailbox]), left
+
+
+#: Remote control only: what a worker needs to answer ``inspect`` and ``control``.
+REMOTE_CONTROL = {"visibility_timeout": LEASE, "supports_fanout": True}
+
+
+@contextmanager
+def solo_worker(bed: Bed, log: str, node: str) -> Iterator[Process]:
+    """A solo worker named ``node``, with remote control; ``log`` names its log file."""
+    process = Process(
+        bed,
+        log,
+        "worker",
+        "-P",
+        "solo",
+        "-n",
+        node,
+        "-l",
+        "info",
+        "--without-heartbeat",
+        "--without-mingle",
+        "--without-gossip",
+        options=REMOTE_CONTROL,
+    )
+    try:
+        wait_for(lambda: "ready." in process.output, 30, f"{log} to be ready")
+        yield process
+    finally:
+        process.stop()
+
+
+@needs_sns_fanout
+def test_a_worker_restarted_under_the_same_name_answers_once_the_old_one_has_stopped(
+    bed: Bed,
+) -> None:
+    """A blue/green restart on one host: two workers of one name share one mailbox queue,
+    and SNS hands back the same subscription for it. The old one's warm stop unsubscribed
+    it, and no broadcast reached the new one ("No nodes replied")."""
+    name = f"dup{uuid.uuid4().hex[:6]}"
+    node = f"{name}@{socket.gethostname()}"
+    with (
+        solo_worker(bed, "worker-blue", f"{name}@%h") as blue,
+        solo_worker(bed, "worker-green", f"{name}@%h") as green,
+    ):
+        assert blue.stop() == 0, blue.output
+        with in_process_app(bed) as app, app.connection_for_write() as connection:
+            answers = [
+                app.control.ping(destination=[node], timeout=10, connection=connection)
+                for _ in range(2)
+            ]
+        log = green.output
+
+    assert answers == [[{node: {"ok": "pong"}}]] * 2, f"{answers}\n{log}"
 
 
 def test_a_worker_without_remote_control_says_so_once_at_start_up(bed: Bed) -> None:
@@ -319,6 +375,44 @@ def test_a_late_reply_to_a_reply_queue_deleted_just_now_is_dropped_and_the_worke
     assert answers == [{node: {"ok": "pong"}}], log
     assert "Control command error" not in log, log
     assert "Traceback" not in log, log
+
+
+@needs_sns_fanout
+def test_pool_children_that_asked_the_workers_leave_no_reply_queue(bed: Bed) -> None:
+    """billiard ends a pool child with ``os._exit``, which runs no exit handler: each
+    child that had called ``inspect`` left its reply queue behind for good."""
+    before = reply_queues(bed)
+    process = Process(
+        bed,
+        "worker-children",
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        "1",
+        # A fresh child for every task: each asks from a process of its own.
+        "--max-tasks-per-child",
+        "1",
+        "-n",
+        f"rq{uuid.uuid4().hex[:6]}@%h",
+        "-l",
+        "info",
+        "--without-heartbeat",
+        "--without-mingle",
+        "--without-gossip",
+        options=REMOTE_CONTROL,
+    )
+    try:
+        wait_for(lambda: "ready." in process.output, 30, "the worker to be ready")
+        for index in range(3):
+            bed.send("inspects_the_workers", f"inspect-{index}")
+        done = bed.wait_for_executions(3, 60)
+    finally:
+        assert process.stop() == 0, process.output
+    left = reply_queues(bed) - before
+
+    assert len({record["pid"] for record in done}) == 3, (done, process.output)
+    assert left == set(), left
 
 
 def free_port() -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 
 import pytest
+from celery import signals
 
-from celery_sqs_heartbeat.exit_cleanup import Leftovers, delete_reply_queues
+from celery_sqs_heartbeat.exit_cleanup import Leftovers, delete_reply_queues, leftovers
 
 PARENT, CHILD = 100, 101
 
@@ -81,3 +83,16 @@ def test_a_channel_that_fails_its_removal_is_logged_and_the_others_still_remove(
 
     assert channel.removals == 1
     assert "Could not remove the queues" in caplog.text
+
+
+def test_a_pool_child_removes_its_reply_queues_as_it_leaves() -> None:
+    """billiard ends a pool child with ``os._exit``, which runs no exit handler; Celery
+    sends ``worker_process_shutdown`` in the child just before."""
+    deleted: list[str] = []
+    leftovers.reply_queues.used("url-child", lambda: deleted.append("url-child"), os.getpid(), 0.0)
+    try:
+        signals.worker_process_shutdown.send(sender="w1@host", pid=os.getpid(), exitcode=0)
+    finally:
+        leftovers.reply_queues.take_all(os.getpid())
+
+    assert deleted == ["url-child"]

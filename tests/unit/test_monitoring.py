@@ -87,8 +87,17 @@ def test_with_both_on_nothing_is_said() -> None:
     assert notice(True, True, True, "5.7.0") is None
 
 
+#: A receiver's queue as Celery names it: the prefix, then a fresh UUID.
+MONITOR_QUEUE = "celeryev.0f6bd6e2-3c3b-4d4c-9c51-2a9b1a7e3c10"
+
+
 def test_only_an_event_monitors_queue_is_single_use() -> None:
-    assert is_single_use(["celeryev"])
-    assert not is_single_use(["celery.pidbox"])
-    assert not is_single_use(["reply.celery.pidbox"])
-    assert not is_single_use([])
+    assert is_single_use(MONITOR_QUEUE, ["celeryev"])
+    assert not is_single_use("w1@host.celery.pidbox", ["celery.pidbox"])
+    assert not is_single_use(f"{MONITOR_QUEUE[9:]}.reply.celery.pidbox", ["reply.celery.pidbox"])
+    assert not is_single_use(MONITOR_QUEUE, [])
+
+
+def test_an_event_queue_named_by_its_receivers_node_id_is_not_single_use() -> None:
+    """``Receiver(node_id=...)`` names the queue alike in every process that passes it."""
+    assert not is_single_use("celeryev.dashboard", ["celeryev"])
