@@ -73,6 +73,11 @@ OPTION_NAMES = (
     "large_payload_prefix",
     "large_payload_threshold",
     "large_payload_keep_objects",
+    "large_payload_read_buckets",
+    "large_payload_max_read_bytes",
+    "large_payload_expected_bucket_owner",
+    "large_payload_sse",
+    "large_payload_kms_key_id",
     "eta_parking",
     "eta_parking_threshold",
     # Read by celery_sqs_heartbeat.event_fanout.

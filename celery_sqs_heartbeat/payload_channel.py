@@ -17,11 +17,16 @@ before anything reads the task's headers (parking reads its ETA) or kombu decode
 - On the blocking path (gevent, eventlet), the read is made inline, as the answer arrives.
 
 A message whose object cannot be read is released with a backoff that grows with its
-receive count, so a redrive policy ends the retries of an object gone for good.
+receive count, so a redrive policy ends the retries of an object gone for good. So is a
+pointer the options refuse (a bucket they do not name, a body over the size limit):
+its object is neither read nor deleted, and the message goes to the dead-letter queue
+rather than to Celery, which would delete it as unknown; it is named in the log once,
+at its first receive.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -34,8 +39,8 @@ from kombu.transport import SQS
 from kombu.utils.objects import cached_property
 
 from .compat import LoopWaker
-from .payload_store import PayloadStore, PayloadUnavailable
-from .payloads import S3Pointer, pointer_in, unavailable_release_delay
+from .payload_store import PayloadRefused, PayloadStore, PayloadUnavailable
+from .payloads import S3Pointer, pointer_in, size_in, unavailable_release_delay
 from .receive_loop import ReceivingChannel
 from .receive_steps import Received
 
@@ -105,8 +110,14 @@ class PayloadChannel(ReceivingChannel):
             return batch
         store = self.payloads
         client = self.sqs(queue=self.canonical_queue_name(queue_name))
-        reads = {index: _read(store, client, pointer) for index, pointer in pointers.items()}
-        return self._settle_reads(batch, pointers, reads)
+        url = self._url_of(queue_name)
+        reads = {i: _read(store, client, p, batch[i], url) for i, p in pointers.items()}
+        return self._settle_reads(batch, pointers, reads, url)
+
+    def _url_of(self, queue_name: str) -> str | None:
+        """The queue's URL as kombu cached it at the receive: it names the account."""
+        url: str | None = self._queue_cache.get(self.canonical_queue_name(queue_name))
+        return url
 
     def _off_the_loop(
         self,
@@ -127,6 +138,7 @@ class PayloadChannel(ReceivingChannel):
             return False
         store = self.payloads
         client = self.sqs(queue=self.canonical_queue_name(queue_name))
+        url = self._url_of(queue_name)
         waker = LoopWaker.of(cast(Hub, self.hub))
         leases = {received.lease for received in batch if received.lease is not None}
         self.messages_reading += len(batch)
@@ -136,16 +148,14 @@ class PayloadChannel(ReceivingChannel):
             try:
                 kept = first_steps(batch)
                 pointers = _pointers(kept)
-                reads = {
-                    index: _read(store, client, pointer) for index, pointer in pointers.items()
-                }
+                reads = {i: _read(store, client, p, kept[i], url) for i, p in pointers.items()}
             except Exception:
                 # SQS's and S3's errors are answers by now; this is a bug. The batch must
                 # still come back, or it would hold its room in the prefetch window for good.
                 logger.exception("Receiving %d message(s) of %s failed", len(batch), queue_name)
                 waker.call_soon(self._back_unreceived, batch)
                 return
-            waker.call_soon(self._back_on_the_loop, batch, kept, pointers, reads, then)
+            waker.call_soon(self._back_on_the_loop, batch, kept, (pointers, reads, url), then)
 
         threading.Thread(target=work, name="celery-sqs-heartbeat-receive", daemon=True).start()
         return True
@@ -154,8 +164,7 @@ class PayloadChannel(ReceivingChannel):
         self,
         batch: list[Received],
         kept: list[Received],
-        pointers: dict[int, S3Pointer],
-        reads: Reads,
+        read: tuple[dict[int, S3Pointer], Reads, str | None],
         then: Callable[[list[Received]], Any],
     ) -> None:
         """On the loop: the batch goes on, less what the channel's close released.
@@ -168,7 +177,7 @@ class PayloadChannel(ReceivingChannel):
         self._leases_reading.difference_update(
             received.lease for received in batch if received.lease is not None
         )
-        readable = self._settle_reads(kept, pointers, reads)
+        readable = self._settle_reads(kept, *read)
         try:
             then([r for r in readable if r.lease is None or not r.lease.ended])
         finally:
@@ -196,26 +205,32 @@ class PayloadChannel(ReceivingChannel):
         super().close()
 
     def _settle_reads(
-        self, batch: list[Received], pointers: dict[int, S3Pointer], reads: Reads
+        self,
+        batch: list[Received],
+        pointers: dict[int, S3Pointer],
+        reads: Reads,
+        url: str | None,
     ) -> list[Received]:
         """The messages with their bodies; those whose object could not be read released.
 
         Released with a backoff that grows with the receive count, so that a redrive
-        policy ends the retries of an object gone for good. One without a lease comes
-        back when its visibility timeout ends.
+        policy ends the retries of an object gone for good, or of a pointer refused. One
+        without a lease comes back when its visibility timeout ends.
         """
         readable: list[Received] = []
         unreadable: list[Lease] = []
         for index, received in enumerate(batch):
             outcome = reads.get(index)
             if isinstance(outcome, PayloadUnavailable):
+                if isinstance(outcome, PayloadRefused):
+                    _log_refused(received, outcome)
                 if received.lease is not None:
                     unreadable.append(received.lease)
                 continue
             if outcome is not None:
                 received.message["Body"] = outcome
                 if received.lease is not None:
-                    self.payloads.remember(received.lease, pointers[index])
+                    self.payloads.remember(received.lease, pointers[index], url)
             readable.append(received)
         if unreadable:
             self.manager.release(
@@ -233,8 +248,33 @@ def _pointers(batch: list[Received]) -> dict[int, S3Pointer]:
     return {index: pointer for index, pointer in found.items() if pointer is not None}
 
 
-def _read(store: PayloadStore, client: BaseClient, pointer: S3Pointer) -> str | PayloadUnavailable:
+def _read(
+    store: PayloadStore,
+    client: BaseClient,
+    pointer: S3Pointer,
+    received: Received,
+    url: str | None,
+) -> str | PayloadUnavailable:
+    size = size_in(received.message.get("MessageAttributes"))
     try:
-        return store.fetch(client, pointer)
+        return store.fetch(client, pointer, size, url)
     except PayloadUnavailable as unavailable:
         return unavailable
+
+
+def _log_refused(received: Received, refused: PayloadRefused) -> None:
+    """A WARNING at the message's first receive; its later receives at DEBUG.
+
+    Stateless, so once across the workers: each receive is released for the redrive
+    policy, and a flood of such messages must not flood the log as well.
+    """
+    first = received.lease is None or received.lease.receive_count <= 1
+    logger.log(
+        logging.WARNING if first else logging.DEBUG,
+        "Refused the S3 pointer of message %s to %s: %s. The object is neither read nor "
+        "deleted; the message is released with a backoff, for the queue's dead-letter "
+        "queue (redrive policy).",
+        received.message.get("MessageId"),
+        refused.pointer,
+        refused.code,
+    )

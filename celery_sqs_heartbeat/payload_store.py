@@ -1,6 +1,8 @@
 """The thin layer that talks to S3 for bodies too large for SQS: put, get, delete.
 
-Decisions live in :mod:`celery_sqs_heartbeat.payloads`; this module makes the calls. The
+Decisions live in :mod:`celery_sqs_heartbeat.payloads`; this module makes the calls, each
+naming the bucket's expected owner when it is known (``ExpectedBucketOwner``: a bucket
+of the same name in another account is refused by S3, not read or written). The
 S3 client of a queue is made from that queue's SQS client: same region, same
 credentials object (so a predefined queue's STS role, and credentials that refresh
 themselves, hold for S3 too), and the same endpoint when it is not AWS's (a local
@@ -25,17 +27,19 @@ from botocore.exceptions import BotoCoreError, ClientError
 from celery.utils.log import get_logger
 
 from .leases import Lease
-from .payload_options import LargePayloadOptions
+from .payload_options import LargePayloadOptions, PayloadAccess
 from .payloads import (
     FailureStreak,
     S3Pointer,
     message_size,
     new_key,
+    over_read_limit,
+    refusal,
     should_offload,
     size_attribute,
 )
 
-__all__ = ["PayloadStore", "PayloadUnavailable", "delete_objects_of"]
+__all__ = ["PayloadRefused", "PayloadStore", "PayloadUnavailable", "delete_objects_of"]
 
 logger = get_logger(__name__)
 
@@ -55,16 +59,19 @@ S3_DELETE_BATCH = 1000
 _s3_clients: weakref.WeakKeyDictionary[BaseClient, BaseClient] = weakref.WeakKeyDictionary()
 _clients_lock = threading.Lock()
 
+#: An object and its bucket's expected owner (None: not named).
+Owned = tuple[S3Pointer, "str | None"]
+
 #: The object of each held message read from S3, to delete once SQS confirms the
 #: message's delete. Process-wide, like the leases: an ack may come through any channel,
 #: and a lease that ends otherwise (released, lost) takes its entry with it.
-_objects: weakref.WeakKeyDictionary[Lease, S3Pointer] = weakref.WeakKeyDictionary()
+_objects: weakref.WeakKeyDictionary[Lease, Owned] = weakref.WeakKeyDictionary()
 _objects_lock = threading.Lock()
 _deletes = FailureStreak()
 
 #: Objects whose messages SQS confirmed deleted, waiting for the one thread that
 #: deletes them (:func:`_delete_objects_in_turn`), started on first use.
-ObjectDeletes = queue.SimpleQueue[tuple[Callable[[], BaseClient], list[S3Pointer]]]
+ObjectDeletes = queue.SimpleQueue[tuple[Callable[[], BaseClient], list[Owned]]]
 _object_deletes: ObjectDeletes = queue.SimpleQueue()
 _deleter: threading.Thread | None = None
 
@@ -104,24 +111,38 @@ class PayloadUnavailable(Exception):
         self.code = code
 
 
+class PayloadRefused(PayloadUnavailable):
+    """A pointer the options do not let the worker follow; its object is not touched."""
+
+
 class PayloadStore:
     """Bodies in S3 for one connection's options.
 
-    Without options (no ``large_payload_bucket``) nothing is offloaded, but pointers are
-    still read: a message another producer offloaded is never handed to Celery as a
-    pointer, which Celery would take for a malformed message and drop.
+    Without options (no ``large_payload_bucket``) nothing is offloaded. Pointers are
+    read only in the buckets ``access`` names (by default the options' bucket): never
+    handed to Celery, which would take one for a malformed message and drop it.
     """
 
-    def __init__(self, options: LargePayloadOptions | None) -> None:
+    def __init__(
+        self, options: LargePayloadOptions | None, access: PayloadAccess | None = None
+    ) -> None:
         self.options = options
+        self.access = access or PayloadAccess(frozenset({options.bucket} if options else ()))
         self._lock = threading.Lock()
         self._reads = FailureStreak()
 
-    def offload(self, sqs_client: BaseClient, params: dict[str, Any], **_: Any) -> None:
+    def offload(
+        self,
+        sqs_client: BaseClient,
+        params: dict[str, Any],
+        queue_url: str | None = None,
+        **_: Any,
+    ) -> None:
         """botocore's ``provide-client-params`` hook of SendMessage: large bodies go to S3.
 
         A body at or under the threshold is left as it is, byte for byte. A failed put
-        raises to the producer, like a failed send: nothing was sent.
+        raises to the producer, like a failed send: nothing was sent. ``queue_url``: for a
+        batch entry, which has no ``QueueUrl`` of its own.
         """
         body = params.get("MessageBody")
         attributes = params.get("MessageAttributes") or {}
@@ -132,18 +153,42 @@ class PayloadStore:
             return
         pointer = S3Pointer(self.options.bucket, new_key(self.options.prefix))
         encoded = body.encode("utf-8")
-        s3_client(sqs_client).put_object(Bucket=pointer.bucket, Key=pointer.key, Body=encoded)
+        owner = self.access.owner_for(queue_url or params.get("QueueUrl"))
+        s3_client(sqs_client).put_object(
+            Bucket=pointer.bucket,
+            Key=pointer.key,
+            Body=encoded,
+            **_owned_by(owner),
+            **_encryption(self.options),
+        )
         params["MessageBody"] = pointer.body()
         params["MessageAttributes"] = {**attributes, **size_attribute(len(encoded))}
 
-    def fetch(self, sqs_client: BaseClient, pointer: S3Pointer) -> str:
+    def fetch(
+        self,
+        sqs_client: BaseClient,
+        pointer: S3Pointer,
+        size: int | None = None,
+        queue_url: str | None = None,
+    ) -> str:
         """The body behind ``pointer``; :class:`PayloadUnavailable` if S3 would not give it.
 
-        Logged once per streak of failures, naming the object, never the body.
+        :class:`PayloadRefused`, before any call, for a pointer the options do not let
+        the worker follow, or whose claimed ``size`` is over the limit; and for an object
+        whose length is, before its stream is read. The caller logs refusals. Failures
+        are logged once per streak, naming the object, never the body.
         """
+        access = self.access
+        refused = refusal(pointer, access.readable, access.max_read_bytes, size)
+        if refused is not None:
+            raise PayloadRefused(pointer, refused)
         try:
-            answer = s3_client(sqs_client).get_object(Bucket=pointer.bucket, Key=pointer.key)
-            body: str = answer["Body"].read().decode("utf-8")
+            answer = s3_client(sqs_client).get_object(
+                Bucket=pointer.bucket,
+                Key=pointer.key,
+                **_owned_by(access.owner_for(queue_url)),
+            )
+            body = _read_at_most(pointer, answer, access.max_read_bytes).decode("utf-8")
         except (ClientError, BotoCoreError, OSError, UnicodeDecodeError) as exc:
             code = _code(exc)
             with self._lock:
@@ -163,11 +208,43 @@ class PayloadStore:
             logger.warning("Large message bodies are read from S3 again (%d reads failed)", ended)
         return body
 
-    def remember(self, lease: Lease, pointer: S3Pointer) -> None:
-        """The object to delete once SQS confirms the delete of ``lease``'s message."""
+    def remember(self, lease: Lease, pointer: S3Pointer, queue_url: str | None = None) -> None:
+        """The object to delete once SQS confirms the delete of ``lease``'s message.
+
+        Only an object that was read, so in a bucket the options name.
+        """
         if self.options is None or not self.options.keep_objects:
             with _objects_lock:
-                _objects[lease] = pointer
+                _objects[lease] = (pointer, self.access.owner_for(queue_url))
+
+
+def _read_at_most(pointer: S3Pointer, answer: Mapping[str, Any], max_bytes: int) -> bytes:
+    """The object's bytes, refused unread if S3 says it is too large, or if it is.
+
+    A length that lies (a stream longer than its ContentLength) gets no more in: the
+    stream is read one byte past the limit at most.
+    """
+    stream = answer["Body"]
+    length = answer.get("ContentLength")
+    if isinstance(length, int) and length > max_bytes:
+        stream.close()
+        raise PayloadRefused(pointer, over_read_limit(length, max_bytes))
+    data: bytes = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        stream.close()
+        raise PayloadRefused(pointer, over_read_limit(len(data), max_bytes))
+    return data
+
+
+def _owned_by(owner: str | None) -> dict[str, str]:
+    return {"ExpectedBucketOwner": owner} if owner else {}
+
+
+def _encryption(options: LargePayloadOptions) -> dict[str, str]:
+    if options.sse is None:
+        return {}
+    key = {"SSEKMSKeyId": options.kms_key_id} if options.kms_key_id else {}
+    return {"ServerSideEncryption": options.sse, **key}
 
 
 def delete_objects_of(client_source: Callable[[], BaseClient], leases: Iterable[Lease]) -> None:
@@ -181,10 +258,10 @@ def delete_objects_of(client_source: Callable[[], BaseClient], leases: Iterable[
     """
     global _deleter
     with _objects_lock:
-        pointers = [p for lease in leases if (p := _objects.pop(lease, None))]
-        if not pointers:
+        owned = [o for lease in leases if (o := _objects.pop(lease, None))]
+        if not owned:
             return
-        _object_deletes.put((client_source, pointers))
+        _object_deletes.put((client_source, owned))
         if _deleter is None:
             _deleter = threading.Thread(
                 target=_delete_objects_in_turn,
@@ -202,20 +279,25 @@ def _delete_objects_in_turn(waiting: ObjectDeletes) -> None:
     the thread goes on: the objects stay for the lifecycle rule.
     """
     while True:
-        client_source, pointers = waiting.get()
+        client_source, owned = waiting.get()
         try:
             sqs_client = client_source()
-            for bucket, keys in _by_bucket(pointers).items():
+            for (bucket, owner), keys in _by_bucket(owned).items():
                 for start in range(0, len(keys), S3_DELETE_BATCH):
-                    _delete_objects(sqs_client, bucket, keys[start : start + S3_DELETE_BATCH])
+                    batch = keys[start : start + S3_DELETE_BATCH]
+                    _delete_objects(sqs_client, bucket, owner, batch)
         except Exception:
-            logger.exception("Deleting %d S3 object(s) of deleted messages failed", len(pointers))
+            logger.exception("Deleting %d S3 object(s) of deleted messages failed", len(owned))
 
 
-def _delete_objects(sqs_client: BaseClient, bucket: str, keys: Sequence[str]) -> None:
+def _delete_objects(
+    sqs_client: BaseClient, bucket: str, owner: str | None, keys: Sequence[str]
+) -> None:
     try:
         answer = s3_client(sqs_client).delete_objects(
-            Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True}
+            Bucket=bucket,
+            Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True},
+            **_owned_by(owner),
         )
         errors = answer.get("Errors") or []
         code = errors[0].get("Code", "?") if errors else ""
@@ -272,10 +354,10 @@ def _s3_endpoint(sqs_endpoint: str | None) -> str | None:
     return sqs_endpoint
 
 
-def _by_bucket(pointers: Iterable[S3Pointer]) -> Mapping[str, list[str]]:
-    keys: defaultdict[str, list[str]] = defaultdict(list)
-    for pointer in pointers:
-        keys[pointer.bucket].append(pointer.key)
+def _by_bucket(owned: Iterable[Owned]) -> Mapping[tuple[str, str | None], list[str]]:
+    keys: defaultdict[tuple[str, str | None], list[str]] = defaultdict(list)
+    for pointer, owner in owned:
+        keys[pointer.bucket, owner].append(pointer.key)
     return keys
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,9 @@ __all__ = [
     "message_size",
     "new_key",
     "pointer_in",
+    "refusal",
     "should_offload",
+    "size_in",
     "unavailable_release_delay",
 ]
 
@@ -68,11 +70,13 @@ class S3Pointer:
 
 
 def pointer_in(body: str | bytes) -> S3Pointer | None:
-    """The pointer an SQS body is, or None for any other body.
+    """The pointer an SQS body claims to be, or None for any other body.
 
     A kombu message is a JSON object (base64-encoded by default), never a JSON array
     starting with a pointer class, so the body alone tells: the size attribute, which a
-    receive gets only if it asks for it, is not needed.
+    receive gets only if it asks for it, is not needed. A pointer whose bucket or key is
+    missing is still one, with that part empty, for :func:`refusal` to refuse: handed
+    to Celery, it would be deleted as an unknown message, leaving nothing to look at.
     """
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     if not text.lstrip().startswith("["):
@@ -89,9 +93,46 @@ def pointer_in(body: str | bytes) -> S3Pointer | None:
     ):
         return None
     bucket, key = parsed[1].get("s3BucketName"), parsed[1].get("s3Key")
-    if not (isinstance(bucket, str) and bucket and isinstance(key, str) and key):
-        return None
-    return S3Pointer(bucket, key)
+    return S3Pointer(bucket if isinstance(bucket, str) else "", key if isinstance(key, str) else "")
+
+
+def size_in(attributes: Mapping[str, Mapping[str, Any]] | None) -> int | None:
+    """The original body's size a pointer's message attribute claims, if it has one.
+
+    A claim only, which anyone who can send may make: :func:`refusal` uses it to refuse
+    early, and the object's own length is checked again when it is read.
+    """
+    for name in (SIZE_ATTRIBUTE, LEGACY_SIZE_ATTRIBUTE):
+        value = (attributes or {}).get(name, {}).get("StringValue")
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def refusal(
+    pointer: S3Pointer, readable: Collection[str], max_bytes: int, size: int | None
+) -> str | None:
+    """Why a worker must not follow ``pointer``, or None if it may read the object.
+
+    Anyone who may send to a task queue can write a pointer: a worker that followed any
+    of them would read, and after the ack delete, whatever object its role may touch.
+    So only the buckets the options name are read, and no body over the size limit.
+    """
+    if not (pointer.bucket and pointer.key):
+        return "the pointer names no bucket or no key"
+    if pointer.bucket not in readable:
+        return (
+            f"bucket {pointer.bucket} is neither large_payload_bucket nor in "
+            "large_payload_read_buckets"
+        )
+    if size is not None and size > max_bytes:
+        return over_read_limit(size, max_bytes)
+    return None
+
+
+def over_read_limit(size: int, max_bytes: int) -> str:
+    """The refusal of a body of ``size`` bytes, claimed or found while reading it."""
+    return f"{size} bytes, over large_payload_max_read_bytes ({max_bytes})"
 
 
 def message_size(body: str, attributes: Mapping[str, Mapping[str, Any]] | None = None) -> int:

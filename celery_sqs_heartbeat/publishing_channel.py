@@ -84,7 +84,7 @@ class BatchPublishingChannel(SQS.Channel):
         entry = dict(params)
         queue_url = entry.pop("QueueUrl")
         if self.payloads.options is not None:
-            self.payloads.offload(client, entry)
+            self.payloads.offload(client, entry, queue_url=queue_url)
         fifo = is_fifo(self.canonical_queue_name(queue))
         return Unsent(
             task_id=_task_id(message),

@@ -4,25 +4,28 @@ At INFO a worker showed nothing of the transport: whoever started one could not 
 from its log that leases were held and renewed, nor with which settings, without DEBUG
 or ``celery inspect``. This line says it once, when Celery's worker is ready: the lease,
 when it is renewed and for how long, what happens to a rejected message and at shutdown,
-which ETA tasks are parked, and where large bodies go. Renewals themselves stay at DEBUG
-(one a lease every few seconds); a lease lost or a message released is logged at INFO
-or above by :mod:`celery_sqs_heartbeat.reporting`.
+which ETA tasks are parked, where large bodies go, and how S3 objects are guarded.
+Renewals themselves stay at DEBUG (one a lease every few seconds); a lease lost or a
+message released is logged at INFO or above by :mod:`celery_sqs_heartbeat.reporting`.
 """
 
 from __future__ import annotations
 
 from .leases import LeasePolicy
 from .options import HeartbeatOptions
-from .payload_options import LargePayloadOptions
+from .payload_options import DEFAULT_MAX_READ_BYTES, LargePayloadOptions, PayloadAccess
 
 __all__ = ["describe"]
 
 
-def describe(options: HeartbeatOptions, payloads: LargePayloadOptions | None) -> str:
+def describe(
+    options: HeartbeatOptions,
+    payloads: LargePayloadOptions | None,
+    access: PayloadAccess | None = None,
+) -> str:
     """The settings in plain words, each with the option that sets it."""
-    return "; ".join(
-        [_leases(options), _releases(options), _parking(options), _large_payloads(payloads)]
-    )
+    parts = [_leases(options), _releases(options), _parking(options), _large_payloads(payloads)]
+    return "; ".join([*parts, *_s3_guards(payloads, access)])
 
 
 def _leases(options: HeartbeatOptions) -> str:
@@ -86,3 +89,22 @@ def _large_payloads(payloads: LargePayloadOptions | None) -> str:
     if payloads.threshold is None:
         return f"every body goes through {where} (large_payload_threshold)"
     return f"bodies over {payloads.threshold} bytes go through {where} (large_payload_threshold)"
+
+
+def _s3_guards(payloads: LargePayloadOptions | None, access: PayloadAccess | None) -> list[str]:
+    """What differs from the defaults in reading and writing S3 objects, if anything."""
+    said = []
+    others = sorted((access.readable if access else set()) - {payloads and payloads.bucket})
+    if others:
+        said.append(f"pointers also read from {', '.join(others)} (large_payload_read_buckets)")
+    if access is not None and access.max_read_bytes != DEFAULT_MAX_READ_BYTES:
+        said.append(
+            f"bodies read up to {access.max_read_bytes} bytes (large_payload_max_read_bytes)"
+        )
+    if access is not None and access.expected_owner:
+        said.append(f"S3 buckets expected of account {access.expected_owner}")
+    elif access is not None and not access.owner_from_queue:
+        said.append("no S3 bucket owner expected (large_payload_expected_bucket_owner off)")
+    if payloads is not None and payloads.sse:
+        said.append(f"objects put with {payloads.sse} encryption (large_payload_sse)")
+    return said

@@ -69,6 +69,7 @@ from .prometheus import start_exporter
 from .publishing_channel import BatchPublishingChannel
 from .queue_cleanup import DeletesAutoDeleteQueues
 from .queue_urls import ForgetsDeletedQueueUrls
+from .receipt_redaction import redact_celery_reports
 from .receive_steps import Received, ReceiveSteps
 from .reply_queue_channel import KeepsReplyQueues
 from .retention_channel import RetainsMessagesForTheirTtl
@@ -344,6 +345,7 @@ class Transport(SQS.Transport):
         payload_options = LargePayloadOptions.from_transport_options(client.transport_options or {})
         payload_access = PayloadAccess.from_transport_options(client.transport_options or {})
         events_through_sns(client.transport_options or {})
+        redact_celery_reports()
         self.payload_store = PayloadStore(payload_options, payload_access)
         super().__init__(client, **kwargs)
         if (client.transport_options or {}).get("supports_fanout") and KOMBU_BROADCASTS_THROUGH_SNS:

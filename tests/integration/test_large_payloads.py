@@ -230,13 +230,14 @@ def kombu_body(bed: Bed, data: str) -> str:
 
 
 def test_a_task_sent_through_aws_extended_client_runs_on_the_worker(bed: Bed) -> None:
-    """The worker reads pointers whatever its options: this one has no bucket set."""
+    """A worker with no bucket of its own reads the buckets it is told to read."""
     bucket = new_bucket(bed)
     url = bed.create_queue(visibility_timeout=LEASE)
     # 300 kB: kombu's body fits SQS, and AWS's library offloads it (over 256 KiB).
     extended_client(bed, "send", url, bucket, stdin=kombu_body(bed, "z" * 300_000))
     assert len(objects(bed, bucket)) == 1
-    with worker(bed, "threads", 1, options={"visibility_timeout": LEASE}) as process:
+    reader = {"visibility_timeout": LEASE, "large_payload_read_buckets": [bucket]}
+    with worker(bed, "threads", 1, options=reader) as process:
         done = bed.wait_for_executions(1, timeout=15)
         gone = settle(lambda: not objects(bed, bucket))
         log = process.log

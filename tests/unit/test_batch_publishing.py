@@ -21,7 +21,7 @@ import gevent
 import gevent.event
 import pytest
 from botocore.client import BaseClient
-from botocore.stub import Stubber
+from botocore.stub import ANY, Stubber
 from kombu import Connection
 
 from celery_sqs_heartbeat.batch_publishing import (
@@ -30,6 +30,7 @@ from celery_sqs_heartbeat.batch_publishing import (
     publisher,
     publishing_in_batches,
 )
+from celery_sqs_heartbeat.payload_store import s3_client
 from celery_sqs_heartbeat.publish_book import Unsent
 from celery_sqs_heartbeat.sqs import publish_client
 
@@ -252,3 +253,40 @@ def test_a_child_forked_inside_a_scope_leaves_it_and_publishes_unbatched(
             os._exit(code)
     assert wait_for_child(pid) == "ok"
     assert producers.wire == [["parent"]]
+
+
+def test_a_batched_body_put_in_s3_names_the_queue_s_account_as_the_bucket_owner() -> None:
+    """Issue 32, item 2, on the batched path: kombu's QueueUrl is taken off the entry
+    before the body goes to S3, so the owner must come from the queue's URL given apart."""
+    aws_url = "https://sqs.us-east-1.amazonaws.com/210987654321/jobs"
+    connection = Connection(
+        "sqs://key:secret@",
+        transport="celery_sqs_heartbeat:Transport",
+        transport_options={
+            "region": "us-east-1",
+            "predefined_queues": {"jobs": {"url": aws_url}},
+            "large_payload_bucket": "payloads",
+            "large_payload_threshold": 100,
+        },
+    )
+    channel = connection.channel()
+    client = channel.sqs(queue="jobs")
+    sqs_stub, s3_stub = Stubber(publish_client(client)), Stubber(s3_client(client))
+    sqs_stub.add_response("get_queue_attributes", {"Attributes": {"MaximumMessageSize": "1048576"}})
+    s3_stub.add_response(
+        "put_object",
+        {},
+        {
+            "Bucket": "payloads",
+            "Key": ANY,
+            "Body": ANY,
+            "ExpectedBucketOwner": "210987654321",
+        },
+    )
+    message = channel.prepare_message("x" * 500, headers={"id": "big"})
+    with sqs_stub, s3_stub:
+        entry = channel._unsent(
+            "jobs", message, client, {"QueueUrl": aws_url, "MessageBody": "x" * 500}
+        )
+        s3_stub.assert_no_pending_responses()
+    assert entry.entry["MessageBody"].startswith('["software.amazon.payloadoffloading')

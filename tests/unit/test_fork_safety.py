@@ -187,5 +187,5 @@ def test_a_child_keeps_objects_of_its_own_while_a_parent_thread_holds_them() -> 
         answer = in_child(objects_of_its_own)
 
     assert answer == "ok"
-    assert payload_store._objects.get(parents) == S3Pointer("tasks", "parent's")
+    assert payload_store._objects.get(parents) == (S3Pointer("tasks", "parent's"), None)
     assert payload_store._deletes.failures == 1

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import io
 import threading
+from collections.abc import Iterator
 from typing import Any
 
+import botocore.session
 import pytest
+from botocore.client import BaseClient
+from botocore.response import StreamingBody
+from botocore.stub import Stubber
 
 from celery_sqs_heartbeat import payload_store
-from celery_sqs_heartbeat.payload_options import LargePayloadOptions
-from celery_sqs_heartbeat.payload_store import PayloadStore, _s3_endpoint, delete_objects_of
+from celery_sqs_heartbeat.payload_options import LargePayloadOptions, PayloadAccess
+from celery_sqs_heartbeat.payload_store import (
+    PayloadStore,
+    PayloadUnavailable,
+    _s3_endpoint,
+    delete_objects_of,
+    s3_client,
+)
 from celery_sqs_heartbeat.payloads import S3Pointer, pointer_in
 
 from .conftest import make_lease
@@ -120,3 +132,129 @@ def test_the_objects_of_deleted_messages_go_without_holding_the_sqs_delete(
     assert returned_at_once
     assert s3.deleted.wait(5)
     assert s3.keys == ["k-1"]
+
+
+#: A queue of AWS's: its URL names the account that owns the app's buckets.
+AWS_QUEUE = "https://sqs.us-east-1.amazonaws.com/210987654321/celery"
+OWNER = "210987654321"
+
+
+class Stream(io.BytesIO):
+    """An object's bytes, counting those read."""
+
+    taken = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.taken += len(data)
+        return data
+
+
+class S3Calls:
+    """A real botocore S3 client, stubbed: the calls' parameters as made, and answers."""
+
+    def __init__(self, sqs: BaseClient) -> None:
+        self.s3 = s3_client(sqs)
+        self.stub = Stubber(self.s3)
+        self.made: list[tuple[str, dict[str, Any]]] = []
+        self.deleted = threading.Event()
+        self.s3.meta.events.register("provide-client-params.s3", self._note)
+
+    def _note(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        self.made.append((model.name, dict(params)))
+        if model.name == "DeleteObjects":
+            self.deleted.set()
+
+    def get_answer(self, data: bytes, content_length: int | None = None) -> Stream:
+        stream = Stream(data)
+        length = len(data) if content_length is None else content_length
+        body = StreamingBody(stream, length)
+        self.stub.add_response("get_object", {"Body": body, "ContentLength": length})
+        return stream
+
+
+@pytest.fixture
+def aws_sqs() -> BaseClient:
+    return botocore.session.Session().create_client(
+        "sqs", region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b"
+    )
+
+
+@pytest.fixture
+def calls(aws_sqs: BaseClient) -> Iterator[S3Calls]:
+    made = S3Calls(aws_sqs)
+    with made.stub:
+        yield made
+
+
+@pytest.mark.parametrize("bucket", [None, "payloads"])
+def test_a_pointer_outside_the_buckets_named_is_neither_read_nor_deleted(
+    aws_sqs: BaseClient, calls: S3Calls, bucket: str | None
+) -> None:
+    """Issue 32, item 1: any pointer's object was read, then deleted after the ack."""
+    store = PayloadStore(None if bucket is None else LargePayloadOptions(bucket))
+    with pytest.raises(PayloadUnavailable) as refused:
+        store.fetch(aws_sqs, S3Pointer("victim", "ledger.csv"))
+    assert calls.made == []
+    assert refused.value.code == (
+        "bucket victim is neither large_payload_bucket nor in large_payload_read_buckets"
+    )
+
+
+def test_a_bucket_of_the_read_list_is_read(aws_sqs: BaseClient, calls: S3Calls) -> None:
+    access = PayloadAccess.from_transport_options({"large_payload_read_buckets": ["partner"]})
+    calls.get_answer(b"body")
+    assert PayloadStore(None, access).fetch(aws_sqs, S3Pointer("partner", "k")) == "body"
+
+
+@pytest.mark.parametrize(("content_length", "data"), [(100, b"x" * 100), (5, b"x" * 100)])
+def test_an_object_over_the_limit_is_not_read(
+    aws_sqs: BaseClient, calls: S3Calls, content_length: int, data: bytes
+) -> None:
+    """Checked with S3's ContentLength before the stream is read, and while reading it,
+    so neither a size attribute nor a length that lies gets a larger body in."""
+    access = PayloadAccess(frozenset({"payloads"}), max_read_bytes=10)
+    stream = calls.get_answer(data, content_length)
+    with pytest.raises(PayloadUnavailable) as refused:
+        PayloadStore(None, access).fetch(aws_sqs, S3Pointer("payloads", "k"))
+    assert "over large_payload_max_read_bytes (10)" in refused.value.code
+    assert stream.taken == (0 if content_length > 10 else 11)
+
+
+def test_every_s3_call_names_the_bucket_owner_and_puts_are_encrypted(
+    aws_sqs: BaseClient, calls: S3Calls
+) -> None:
+    """Issue 32, item 2: the owner is the account in the AWS queue's URL."""
+    options = LargePayloadOptions("payloads", threshold=0, sse="aws:kms", kms_key_id="alias/t")
+    store = PayloadStore(options, PayloadAccess(frozenset({"payloads"})))
+    calls.stub.add_response("put_object", {})
+    params = {"QueueUrl": AWS_QUEUE, "MessageBody": "xx"}
+    store.offload(aws_sqs, params)
+    pointer = pointer_in(params["MessageBody"])
+    assert pointer is not None
+    calls.get_answer(b"xx")
+    assert store.fetch(aws_sqs, pointer, queue_url=AWS_QUEUE) == "xx"
+    lease = make_lease("jobs")
+    store.remember(lease, pointer, queue_url=AWS_QUEUE)
+    calls.stub.add_response("delete_objects", {})
+    delete_objects_of(lambda: aws_sqs, [lease])
+    assert calls.deleted.wait(5)
+    assert [(name, made.get("ExpectedBucketOwner")) for name, made in calls.made] == [
+        ("PutObject", OWNER),
+        ("GetObject", OWNER),
+        ("DeleteObjects", OWNER),
+    ]
+    put = calls.made[0][1]
+    assert (put["ServerSideEncryption"], put["SSEKMSKeyId"]) == ("aws:kms", "alias/t")
+
+
+def test_behind_a_local_server_no_owner_is_named_unless_given(
+    aws_sqs: BaseClient, calls: S3Calls
+) -> None:
+    local = "http://127.0.0.1:9324/123456789012/celery"
+    calls.get_answer(b"a")
+    calls.get_answer(b"b")
+    PayloadStore(LargePayloadOptions("p-1")).fetch(aws_sqs, S3Pointer("p-1", "k"), queue_url=local)
+    given = PayloadAccess(frozenset({"p-1"}), expected_owner="012345678901")
+    PayloadStore(None, given).fetch(aws_sqs, S3Pointer("p-1", "k"), queue_url=local)
+    assert [made.get("ExpectedBucketOwner") for _, made in calls.made] == [None, "012345678901"]

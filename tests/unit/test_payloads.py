@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
-from celery_sqs_heartbeat.options import InvalidTransportOption
-from celery_sqs_heartbeat.payload_options import LargePayloadOptions
+from celery_sqs_heartbeat.options import HeartbeatOptions, InvalidTransportOption
+from celery_sqs_heartbeat.payload_options import (
+    DEFAULT_MAX_READ_BYTES,
+    LargePayloadOptions,
+    PayloadAccess,
+)
 from celery_sqs_heartbeat.payloads import (
     DEFAULT_THRESHOLD,
     FailureStreak,
@@ -17,10 +21,13 @@ from celery_sqs_heartbeat.payloads import (
     message_size,
     new_key,
     pointer_in,
+    refusal,
     should_offload,
     size_attribute,
+    size_in,
     unavailable_release_delay,
 )
+from celery_sqs_heartbeat.settings_line import describe
 
 
 def test_the_pointer_body_is_the_one_aws_extended_clients_write() -> None:
@@ -46,14 +53,57 @@ def test_the_legacy_java_pointer_class_is_read_too() -> None:
         '{"body": "", "properties": {}}',
         '["software.amazon.payloadoffloading.PayloadS3Pointer"]',
         '["another.Class", {"s3BucketName": "b", "s3Key": "k"}]',
-        '["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3Key": "k"}]',
-        '["com.amazon.sqs.javamessaging.MessageS3Pointer", {"s3BucketName": "", "s3Key": "k"}]',
         "[not json",
         "",
     ],
 )
 def test_any_other_body_is_no_pointer(body: str) -> None:
     assert pointer_in(body) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ('["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3Key": "k"}]', ("", "k")),
+        ('["com.amazon.sqs.javamessaging.MessageS3Pointer", {"s3BucketName": "b"}]', ("b", "")),
+        ('["software.amazon.payloadoffloading.PayloadS3Pointer", {"s3Key": 5}]', ("", "")),
+    ],
+)
+def test_a_pointer_with_a_part_missing_is_still_a_pointer_and_refused(
+    body: str, pointer: tuple[str, str]
+) -> None:
+    """Issue 32, item 5: handed to Celery, it was deleted as an unknown message."""
+    found = pointer_in(body)
+    assert found == S3Pointer(*pointer)
+    assert refusal(found, frozenset({"b"}), 100, None) == "the pointer names no bucket or no key"
+
+
+def test_only_the_buckets_named_in_the_options_are_read() -> None:
+    """Issue 32, item 1: a worker read, then deleted, any object a pointer named."""
+    readable = frozenset({"payloads", "partner-out"})
+    assert refusal(S3Pointer("payloads", "k"), readable, 100, None) is None
+    assert refusal(S3Pointer("partner-out", "k"), readable, 100, None) is None
+    assert refusal(S3Pointer("victim", "ledger.csv"), readable, 100, None) == (
+        "bucket victim is neither large_payload_bucket nor in large_payload_read_buckets"
+    )
+    assert refusal(S3Pointer("victim", "ledger.csv"), frozenset(), 100, None) == (
+        "bucket victim is neither large_payload_bucket nor in large_payload_read_buckets"
+    )
+
+
+def test_a_size_attribute_over_the_limit_is_refused_before_any_read() -> None:
+    readable = frozenset({"payloads"})
+    assert refusal(S3Pointer("payloads", "k"), readable, 100, 100) is None
+    assert refusal(S3Pointer("payloads", "k"), readable, 100, 101) == (
+        "101 bytes, over large_payload_max_read_bytes (100)"
+    )
+
+
+def test_the_size_is_read_from_either_attribute() -> None:
+    assert size_in({"ExtendedPayloadSize": {"DataType": "Number", "StringValue": "12"}}) == 12
+    assert size_in({"SQSLargePayloadSize": {"DataType": "Number", "StringValue": "7"}}) == 7
+    assert size_in({"ExtendedPayloadSize": {"DataType": "Number", "StringValue": "x"}}) is None
+    assert size_in({}) is None and size_in(None) is None
 
 
 def test_message_size_counts_body_and_attributes_as_aws_clients_do() -> None:
@@ -109,6 +159,83 @@ def test_no_bucket_no_offloading() -> None:
     assert parse(large_payload_bucket=None, large_payload_threshold=5) is None
 
 
+def access(**options: Any) -> PayloadAccess:
+    return PayloadAccess.from_transport_options(options)
+
+
+def test_only_the_app_s_bucket_and_those_named_are_read() -> None:
+    assert access() == PayloadAccess(frozenset(), DEFAULT_MAX_READ_BYTES, None, True)
+    assert DEFAULT_MAX_READ_BYTES == 64 * 1024 * 1024
+    assert access(large_payload_bucket="tasks").readable == frozenset({"tasks"})
+    given = access(
+        large_payload_bucket="tasks",
+        large_payload_read_buckets=["partner-out", "other.bucket"],
+        large_payload_max_read_bytes="1000000",
+    )
+    assert given.readable == frozenset({"tasks", "partner-out", "other.bucket"})
+    assert given.max_read_bytes == 1_000_000
+    assert access(large_payload_read_buckets="a-1, b-2").readable == frozenset({"a-1", "b-2"})
+
+
+AWS_QUEUE = "https://sqs.eu-west-1.amazonaws.com/210987654321/celery"
+
+
+def test_the_expected_bucket_owner_defaults_to_the_account_of_an_aws_queue() -> None:
+    derived = access()
+    assert derived.owner_for(AWS_QUEUE) == "210987654321"
+    assert derived.owner_for("https://sqs.cn-north-1.amazonaws.com.cn/210987654321/q") == (
+        "210987654321"
+    )
+    assert derived.owner_for("http://127.0.0.1:9324/123456789012/celery") is None
+    assert derived.owner_for(None) is None
+    given = access(large_payload_expected_bucket_owner="012345678901")
+    assert given.owner_for(AWS_QUEUE) == given.owner_for(None) == "012345678901"
+    assert access(large_payload_expected_bucket_owner=False).owner_for(AWS_QUEUE) is None
+
+
+def test_server_side_encryption_of_the_objects_put() -> None:
+    assert parse(large_payload_bucket="tasks", large_payload_sse="AES256") == (
+        LargePayloadOptions("tasks", sse="AES256")
+    )
+    kms = parse(
+        large_payload_bucket="tasks",
+        large_payload_sse="aws:kms",
+        large_payload_kms_key_id="alias/k",
+    )
+    assert kms == LargePayloadOptions("tasks", sse="aws:kms", kms_key_id="alias/k")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            {"large_payload_read_buckets": ["ok-1", "Bad"]},
+            "large_payload_read_buckets=\\['ok-1', 'Bad'\\]: must be a list of S3 bucket names",
+        ),
+        ({"large_payload_read_buckets": 5}, "large_payload_read_buckets=5"),
+        (
+            {"large_payload_max_read_bytes": 0},
+            "large_payload_max_read_bytes=0: must be a size in bytes, 1 to 2147483648",
+        ),
+        ({"large_payload_max_read_bytes": 2**31 + 1}, "large_payload_max_read_bytes=2147483649"),
+        ({"large_payload_max_read_bytes": "lots"}, "large_payload_max_read_bytes='lots'"),
+        (
+            {"large_payload_expected_bucket_owner": "1234"},
+            "large_payload_expected_bucket_owner='1234': must be a 12-digit AWS account id",
+        ),
+        (
+            {"large_payload_expected_bucket_owner": 123456789012},
+            "large_payload_expected_bucket_owner=123456789012",
+        ),
+    ],
+)
+def test_bad_access_options_are_refused_naming_the_option(
+    given: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidTransportOption, match=message):
+        PayloadAccess.from_transport_options(given)
+
+
 def test_defaults_with_a_bucket() -> None:
     assert parse(large_payload_bucket="my.bucket-1") == LargePayloadOptions(
         bucket="my.bucket-1", prefix="", threshold=262_144, keep_objects=False
@@ -142,8 +269,40 @@ def test_every_option_given() -> None:
         ({"large_payload_threshold": True}, "large_payload_threshold=True"),
         ({"large_payload_threshold": "sometimes"}, "or 'always'"),
         ({"large_payload_keep_objects": "yes"}, "large_payload_keep_objects='yes'"),
+        ({"large_payload_sse": "aes"}, "large_payload_sse='aes': must be 'AES256' or 'aws:kms'"),
+        (
+            {"large_payload_kms_key_id": "k"},
+            "large_payload_kms_key_id='k': only with large_payload_sse 'aws:kms'",
+        ),
+        (
+            {"large_payload_sse": "aws:kms", "large_payload_kms_key_id": 5},
+            "large_payload_kms_key_id=5: must be",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_option(given: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidTransportOption, match=message.replace("(", r"\(")):
         LargePayloadOptions.from_transport_options({"large_payload_bucket": "tasks", **given})
+
+
+def test_the_start_up_line_says_what_guards_s3_when_not_the_defaults() -> None:
+    given = {
+        "large_payload_bucket": "tasks",
+        "large_payload_read_buckets": ["partner"],
+        "large_payload_max_read_bytes": 1000,
+        "large_payload_expected_bucket_owner": "012345678901",
+        "large_payload_sse": "aws:kms",
+    }
+    line = describe(
+        HeartbeatOptions(), LargePayloadOptions.from_transport_options(given), access(**given)
+    )
+    assert line.split("; ")[-4:] == [
+        "pointers also read from partner (large_payload_read_buckets)",
+        "bodies read up to 1000 bytes (large_payload_max_read_bytes)",
+        "S3 buckets expected of account 012345678901",
+        "objects put with aws:kms encryption (large_payload_sse)",
+    ]
+    defaults = {"large_payload_bucket": "tasks"}
+    assert describe(HeartbeatOptions(), parse(**defaults), access(**defaults)) == describe(
+        HeartbeatOptions(), parse(**defaults)
+    )
