@@ -4,7 +4,7 @@ Issue 25 asks that ``celery inspect ping`` against an idle worker answer within 
 ``--timeout``, without raising what idle workers and monitors cost in requests by more
 than a stated amount. This script measures both, in one run, on two trees: *before*, a
 git revision exported to a temporary directory (``--before``, by default ``c185ec0``, the
-last commit without :mod:`celery_sqs_heartbeat.timely_replies`), and *after*, this
+last commit without :mod:`celery_sqs_heartbeat.monitoring.timely_replies`), and *after*, this
 checkout. Each side gets its own strict server (moto, 127.0.0.1), kombu's defaults
 (``wait_time_seconds`` 10, ``polling_interval`` 1) and, in turn:
 
@@ -44,7 +44,7 @@ from bench_report import environment
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The last commit without ``celery_sqs_heartbeat.timely_replies``.
+#: The last commit without ``celery_sqs_heartbeat.monitoring.timely_replies``.
 DEFAULT_BEFORE = "c185ec0"
 MONITORING = {"supports_fanout": True, "events_through_sns": True}
 #: After a process is ready: its first polls sent, its subscriptions made.

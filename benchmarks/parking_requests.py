@@ -6,15 +6,15 @@ sleeping. Only the requests the *waiting* costs are counted: the receive that fi
 brings a task and its delete at the ack are the same either way.
 
 * *held* (``eta_parking: False``, and every release before issue 18): the package's real
-  :class:`~celery_sqs_heartbeat.leases.LeaseBook` and
-  :class:`~celery_sqs_heartbeat.leases.AdaptiveMargin` renew every lease, checked every
+  :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook` and
+  :class:`~celery_sqs_heartbeat.leasing.leases.AdaptiveMargin` renew every lease, checked every
   second as the manager checks them, every call answered at once, until the task is due.
   A wait longer than the hold limit (12 h less 60 s) cannot be held: the lease is capped,
   SQS hands the message out again, and a worker holds it anew (counted as one more
   receive; in real life the first worker may run it too).
-* *parked* (the default): the real :class:`~celery_sqs_heartbeat.parking.ParkingPolicy`
+* *parked* (the default): the real :class:`~celery_sqs_heartbeat.receiving.parking.ParkingPolicy`
   decides at every receive; a park is a visibility change in the real
-  :class:`~celery_sqs_heartbeat.outbox.Outbox` (``ack_batch_interval`` 0.5 s, ten to a
+  :class:`~celery_sqs_heartbeat.leasing.outbox.Outbox` (``ack_batch_interval`` 0.5 s, ten to a
   call); a returned message costs a receive. Receives are given as a range: ten returned
   messages to a call (a busy queue) up to one a call (returns that trickle in, each ending
   a long poll early). The last stretch before the ETA is held as above (20 s: within the
@@ -58,14 +58,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from celery_sqs_heartbeat.leases import EntryResult, Lease, LeaseBook, LeasePolicy  # noqa: E402
+from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeaseBook, LeasePolicy  # noqa: E402
+from celery_sqs_heartbeat.leasing.outbox import Outbox, Outgoing, Request  # noqa: E402
 from celery_sqs_heartbeat.options import (  # noqa: E402
     DEFAULT_ETA_PARKING_THRESHOLD,
     DEFAULT_VISIBILITY_TIMEOUT,
 )
-from celery_sqs_heartbeat.outbox import Outbox, Outgoing, Request  # noqa: E402
-from celery_sqs_heartbeat.parking import PARK_WAIT_SHARE, Due, ParkingPolicy  # noqa: E402
-from celery_sqs_heartbeat.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.receiving.parking import PARK_WAIT_SHARE, Due, ParkingPolicy  # noqa: E402
 
 HOUR = 3600.0
 DAY = 24 * HOUR

@@ -27,7 +27,7 @@ Local only (127.0.0.1). What the server's CPU costs is in the figures for both s
     python benchmarks/publishing.py        # --tasks N, --runs N, --latency MS ...
 
 ``--sides ours --shapes loop --senders N`` measures one side and shape with ``N``
-sending threads instead of :data:`~celery_sqs_heartbeat.sqs.MAX_PUBLISH_CALLS_IN_FLIGHT`
+sending threads instead of :data:`~celery_sqs_heartbeat.aws.sqs_queue.MAX_PUBLISH_CALLS_IN_FLIGHT`
 (a figure for choosing it); the table then shows only what ran.
 """
 
@@ -47,7 +47,8 @@ from bench_report import environment
 from bench_runs import BASE_OPTIONS, TRANSPORTS
 from celery import Celery, group
 
-from celery_sqs_heartbeat import batch_publishing, publishing_in_batches
+from celery_sqs_heartbeat import publishing_in_batches
+from celery_sqs_heartbeat.publishing import scope as batch_publishing
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 SHAPES = ("loop", "group", "threads")

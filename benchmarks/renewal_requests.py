@@ -18,9 +18,9 @@ A warm-up (30 min) fills the worker before counting starts.
 * *.NET rule*: the AWS Message Processing Framework for .NET: every 1 s, every lease within
   5 s of expiry and not already being renewed gets a full lease, 10 per call per queue;
   its calls are all sent at once (no bound on calls in flight).
-* *ours*: the package's real :class:`~celery_sqs_heartbeat.leases.LeaseBook` and
-  :class:`~celery_sqs_heartbeat.leases.AdaptiveMargin`, driven as
-  :class:`~celery_sqs_heartbeat.manager.VisibilityExtensionManager` drives them: a check
+* *ours*: the package's real :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook` and
+  :class:`~celery_sqs_heartbeat.leasing.leases.AdaptiveMargin`, driven as
+  :class:`~celery_sqs_heartbeat.leasing.manager.VisibilityExtensionManager` drives them: a check
   every interval (1 s) after the previous check's pass ended; a pass takes at most
   ``BATCHES_PER_HOLD`` calls per hold and at most ``MAX_CALLS_IN_FLIGHT`` on the wire,
   waiting for an answer when they are all out; each answer settles its batch and feeds
@@ -65,7 +65,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from celery_sqs_heartbeat.leases import (  # noqa: E402
+from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.aws.sqs_queue import MAX_CALLS_IN_FLIGHT  # noqa: E402
+from celery_sqs_heartbeat.leasing.leases import (  # noqa: E402
     LOOKS_PER_BATCH,
     EntryResult,
     Lease,
@@ -73,9 +75,7 @@ from celery_sqs_heartbeat.leases import (  # noqa: E402
     LeasePolicy,
     RenewalBatch,
 )
-from celery_sqs_heartbeat.manager import BATCHES_PER_HOLD  # noqa: E402
-from celery_sqs_heartbeat.sqs import MAX_CALLS_IN_FLIGHT  # noqa: E402
-from celery_sqs_heartbeat.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.leasing.manager import BATCHES_PER_HOLD  # noqa: E402
 
 #: What the floor and the .NET rule keep before expiry.
 DOTNET_MARGIN = 5.0

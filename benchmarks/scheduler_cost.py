@@ -1,6 +1,6 @@
 """What a renewal check costs the lock that acks and receives wait for, by leases held.
 
-Measures ``celery_sqs_heartbeat.leases.LeaseBook`` side by side with the book of an
+Measures ``celery_sqs_heartbeat.leasing.leases.LeaseBook`` side by side with the book of an
 earlier commit (``--baseline``, by default the last one that scanned every lease on each
 check), alternating the two in one run:
 
@@ -40,7 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from celery_sqs_heartbeat import leases as current  # noqa: E402
+from celery_sqs_heartbeat.leasing import leases as current  # noqa: E402
 
 #: The last commit whose LeaseBook scanned and sorted every lease on each check.
 DEFAULT_BASELINE = "c1da785"
@@ -125,7 +125,7 @@ def longest_hold(module: ModuleType, count: int, due: int) -> float:
     another process, or a collection, stops the thread whether it holds the lock or not,
     and would measure the machine or the whole heap rather than the book.
     """
-    from celery_sqs_heartbeat.manager import BATCHES_PER_HOLD
+    from celery_sqs_heartbeat.leasing.manager import BATCHES_PER_HOLD
 
     gc.disable()
     try:

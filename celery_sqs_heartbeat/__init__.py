@@ -9,8 +9,8 @@ Turn it on with configuration alone::
 
 from __future__ import annotations
 
-from .batch_publishing import PublishingFailed, publishing_in_batches
 from .options import HeartbeatOptions, InvalidTransportOption
+from .publishing.scope import PublishingFailed, publishing_in_batches
 from .transport import Channel, QoS, Transport
 
 __all__ = [

@@ -48,8 +48,8 @@ from kombu.asynchronous import Hub
 from kombu.asynchronous.aws.sqs.message import AsyncMessage
 from kombu.transport import SQS
 
-from .sqs import receive_client
-from .sqs_facts import RECEIVE_COUNT_ATTRIBUTE
+from .aws.sqs_facts import RECEIVE_COUNT_ATTRIBUTE
+from .aws.sqs_queue import receive_client
 
 try:
     from kombu.transport.SQS.exceptions import (
@@ -123,8 +123,9 @@ class SQSChannel(SQS.Channel):
     def _receive_on_a_thread(self, queue_name: str, request: dict[str, Any], answered: Any) -> None:
         """kombu 5.5: the receive its client would make on the loop, on a thread of its own.
 
-        One attempt, as kombu's client makes (:func:`~celery_sqs_heartbeat.sqs.receive_client`);
-        the answer, or the error, is handed to the loop, which is woken for it.
+        One attempt, as kombu's client makes
+        (:func:`~celery_sqs_heartbeat.aws.sqs_queue.receive_client`); the answer, or the
+        error, is handed to the loop, which is woken for it.
         """
         client = receive_client(self.sqs(queue=queue_name))
         waker = LoopWaker.of(cast(Hub, self.hub))

@@ -17,8 +17,8 @@ from typing import Any
 from celery.utils.log import get_logger
 from kombu.transport import SQS
 
-from .leases import MARGIN_CEILING, LeasePolicy
-from .sqs_facts import SQS_MAX_HOLD_SECONDS
+from .aws.sqs_facts import SQS_MAX_HOLD_SECONDS
+from .leasing.leases import MARGIN_CEILING, LeasePolicy
 
 logger = get_logger(__name__)
 
@@ -45,7 +45,7 @@ MAX_ACK_BATCH_INTERVAL = 10.0
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"
 
 #: Seconds to an ETA beyond which a received task is parked in SQS instead of held
-#: (:mod:`celery_sqs_heartbeat.parking`). Holding 15 minutes costs about 35 renewal
+#: (:mod:`celery_sqs_heartbeat.receiving.parking`). Holding 15 minutes costs about 35 renewal
 #: entries per task at the default 30 s lease, a park and its return about two entries'
 #: worth of calls (docs/benchmarks.md, "Parking"); under it Celery's own timer keeps
 #: the task, which leaves short countdowns exactly as they were before parking came.
@@ -68,7 +68,7 @@ OPTION_NAMES = (
     "metrics_address",
     "ack_batching",
     "ack_batch_interval",
-    # Read by celery_sqs_heartbeat.payload_options.
+    # Read by celery_sqs_heartbeat.payloads.options.
     "large_payload_bucket",
     "large_payload_prefix",
     "large_payload_threshold",
@@ -80,7 +80,7 @@ OPTION_NAMES = (
     "large_payload_kms_key_id",
     "eta_parking",
     "eta_parking_threshold",
-    # Read by celery_sqs_heartbeat.event_fanout.
+    # Read by celery_sqs_heartbeat.monitoring.event_fanout.
     "events_through_sns",
 )
 

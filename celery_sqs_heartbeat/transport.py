@@ -2,23 +2,23 @@
 
 A lease from receive to confirmed delete, one step a function:
 
-1. born in :meth:`ReceiveSteps.born <celery_sqs_heartbeat.receive_steps.ReceiveSteps.born>`
+1. born in :meth:`ReceiveSteps.born <celery_sqs_heartbeat.receiving.steps.ReceiveSteps.born>`
    as the ReceiveMessage answer arrives (event loop: :meth:`Channel._on_messages_ready`;
    blocking path: :meth:`Channel._receive_message`), which hands it to the manager
    (:meth:`VisibilityExtensionManager.track`); then a message held or acked here already
    is taken out, its body is read from S3, and
-   :meth:`ReceiveSteps.sort <celery_sqs_heartbeat.receive_steps.ReceiveSteps.sort>`
+   :meth:`ReceiveSteps.sort <celery_sqs_heartbeat.receiving.steps.ReceiveSteps.sort>`
    parks a far-ETA task and holds the rest in the channel's
-   :class:`~celery_sqs_heartbeat.lease_table.LeaseTable`
-   (:mod:`celery_sqs_heartbeat.receive_steps` has the order and why);
+   :class:`~celery_sqs_heartbeat.leasing.lease_table.LeaseTable`
+   (:mod:`celery_sqs_heartbeat.receiving.steps` has the order and why);
 2. claimed in :meth:`Channel.claim_lease` (from :meth:`QoS.append`) when kombu hands the
    message to the consumer; what no consumer claimed goes back to SQS at once
    (:meth:`Channel._release_unclaimed`);
 3. renewed by the manager's thread (:meth:`VisibilityExtensionManager._start_renewals`,
    one call a thread: ``_renew``) until it ends, on the client of the live channel
-   (:mod:`celery_sqs_heartbeat.lease_queues`);
+   (:mod:`celery_sqs_heartbeat.leasing.lease_queues`);
 4. let go at the ack, in :meth:`SettlingChannel.basic_ack
-   <celery_sqs_heartbeat.settling.SettlingChannel.basic_ack>`, which leaves the delete in
+   <celery_sqs_heartbeat.settling.channel.SettlingChannel.basic_ack>`, which leaves the delete in
    the manager's outbox (:meth:`VisibilityExtensionManager.delete`); a reject releases it
    instead (``SettlingChannel.basic_reject``, :meth:`VisibilityExtensionManager.release`),
    and so does the channel's close for messages Celery will not run (:meth:`QoS.restore_unacked`);
@@ -27,10 +27,10 @@ A lease from receive to confirmed delete, one step a function:
    ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
 
 The receive loop itself, its backoff and its waking on freed prefetch room, is
-:class:`~celery_sqs_heartbeat.receive_loop.ReceivingChannel`;
-:class:`~celery_sqs_heartbeat.payload_channel.PayloadChannel`, built on it, sends
+:class:`~celery_sqs_heartbeat.receiving.loop.ReceivingChannel`;
+:class:`~celery_sqs_heartbeat.payloads.channel.PayloadChannel`, built on it, sends
 bodies too large for SQS through S3 and reads them back, and
-:class:`~celery_sqs_heartbeat.settling.SettlingChannel` settles acks and rejects through
+:class:`~celery_sqs_heartbeat.settling.channel.SettlingChannel` settles acks and rejects through
 the manager. This channel extends both.
 """
 
@@ -48,35 +48,35 @@ from kombu.asynchronous import set_event_loop
 from kombu.transport import SQS, virtual
 from kombu.utils.objects import cached_property
 
-from . import (
-    celery_requests,
-    control,  # noqa: F401  (importing registers the sqs_leases inspect commands)
+from .aws.sqs_queue import SQSQueue
+from .compat import KOMBU_BROADCASTS_THROUGH_SNS
+from .leasing.lease_queues import lease_queues
+from .leasing.lease_table import LeaseTable
+from .leasing.leases import LeasePolicy
+from .leasing.manager import VisibilityExtensionManager, shared_manager
+from .monitoring import control  # noqa: F401  (importing registers the sqs_leases inspect commands)
+from .monitoring.event_fanout import EventFanoutChannel, events_through_sns
+from .monitoring.prometheus import start_exporter
+from .monitoring.reply_queue_channel import KeepsReplyQueues
+from .monitoring.timely_replies import RepliesWithinTheirTimeout
+from .options import HeartbeatOptions
+from .payloads.channel import PayloadChannel, ReadingQoS
+from .payloads.options import LargePayloadOptions, PayloadAccess
+from .payloads.store import PayloadStore
+from .publishing.channel import BatchPublishingChannel
+from .queues.cleanup import DeletesAutoDeleteQueues
+from .queues.retention_channel import RetainsMessagesForTheirTtl
+from .queues.urls import ForgetsDeletedQueueUrls
+from .receiving.parker import Parker
+from .receiving.receipt_redaction import redact_celery_reports
+from .receiving.steps import Received, ReceiveSteps
+from .settling import celery_requests
+from .settling.channel import SettlingChannel
+from .startup import (
     remote_control_notice,
     settings_line,
 )
-from .compat import KOMBU_BROADCASTS_THROUGH_SNS
-from .event_fanout import EventFanoutChannel, events_through_sns
-from .lease_queues import lease_queues
-from .lease_table import LeaseTable
-from .leases import LeasePolicy
-from .manager import VisibilityExtensionManager, shared_manager
-from .options import HeartbeatOptions
-from .parker import Parker
-from .payload_channel import PayloadChannel, ReadingQoS
-from .payload_options import LargePayloadOptions, PayloadAccess
-from .payload_store import PayloadStore
-from .prometheus import start_exporter
-from .publishing_channel import BatchPublishingChannel
-from .queue_cleanup import DeletesAutoDeleteQueues
-from .queue_urls import ForgetsDeletedQueueUrls
-from .receipt_redaction import redact_celery_reports
-from .receive_steps import Received, ReceiveSteps
-from .reply_queue_channel import KeepsReplyQueues
-from .retention_channel import RetainsMessagesForTheirTtl
-from .settling import SettlingChannel
-from .sqs import SQSQueue
-from .startup import StartupChecks
-from .timely_replies import RepliesWithinTheirTimeout
+from .startup.checks import StartupChecks
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -119,7 +119,7 @@ class QoS(ReadingQoS):
         per message. A message whose task ended and which Celery asked to ack is acked
         here: the ack queued on the event loop may never run. Messages Celery will still
         run or reject (started, handed to a pool that runs what it was handed, or with a
-        reject queued: :mod:`~celery_sqs_heartbeat.celery_requests`) stay held and
+        reject queued: :mod:`~celery_sqs_heartbeat.settling.celery_requests`) stay held and
         renewed until their ack or reject; the rest go back to the queue at once.
         """
         delivered = [
@@ -207,7 +207,7 @@ class Channel(
         return queues
 
     def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
-        """The event loop's receive: the steps of :mod:`~celery_sqs_heartbeat.receive_steps`.
+        """The event loop's receive: the steps of :mod:`~celery_sqs_heartbeat.receiving.steps`.
 
         Leases are born for the whole batch first: kombu hands the batch to the consumer
         one message at a time, and in the solo pool each task runs before the next

@@ -1,7 +1,7 @@
 """SQS's refusal to create a queue under a name deleted less than a minute ago.
 
 SQS answers ``CreateQueue`` with ``AWS.SimpleQueueService.QueueDeletedRecently`` for
-:data:`~celery_sqs_heartbeat.sqs_facts.SQS_QUEUE_NAME_REUSE_SECONDS` after a queue of the
+:data:`~celery_sqs_heartbeat.aws.sqs_facts.SQS_QUEUE_NAME_REUSE_SECONDS` after a queue of the
 same name (in the same account and region) was deleted. moto creates it at once, so a
 transport that deletes a queue whose name comes back (kombu deleted a remote-control
 reply queue after every call, and the next call from the same thread declares the same
@@ -19,8 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..sqs_facts import QUEUE_DELETED_RECENTLY as CODE
-from ..sqs_facts import SQS_QUEUE_NAME_REUSE_SECONDS
+from ..aws.sqs_facts import QUEUE_DELETED_RECENTLY as CODE
+from ..aws.sqs_facts import SQS_QUEUE_NAME_REUSE_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -29,9 +29,8 @@ from celery.worker.request import Request
 from pyspark.sql import DataFrame
 
 from celery_sqs_heartbeat.signals import lease_lost, lease_released, lease_renewed
-
-from . import records, transforms
-from .session import get_spark, session_started, stop_spark
+from examples.spark_pipeline import records, transforms
+from examples.spark_pipeline.session import get_spark, session_started, stop_spark
 
 #: The pipeline's steps, in order; the report and the timeline list them this way.
 STEPS: tuple[str, ...] = ("generate", "transform", "aggregate")

@@ -38,10 +38,9 @@ from botocore.exceptions import ClientError
 from celery import Celery
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from . import records
-from .app import STEPS, PipelineSettings, pipeline
-from .report import (
+from examples.spark_pipeline import records
+from examples.spark_pipeline.app import STEPS, PipelineSettings, pipeline
+from examples.spark_pipeline.report import (
     RUN_INFO,
     SERVER_EVENTS,
     Run,
@@ -51,7 +50,7 @@ from .report import (
     load_run,
     step_of,
 )
-from .timeline import write_timeline
+from examples.spark_pipeline.timeline import write_timeline
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROWS = 5_000_000

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import records
+from examples.spark_pipeline import records
 
 #: Task names per step, as the app registers them.
 TASK_PREFIX = "spark_pipeline."

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .report import Execution, Message, Run
+from examples.spark_pipeline.report import Execution, Message, Run
 
 STEP_COLOURS = ("#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD")
 LEASE_COLOUR = "#DDE6F2"

@@ -33,8 +33,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .deselect import DESELECTED_FILE, read_deselected
+from tests.celery_suite.deselect import DESELECTED_FILE, read_deselected
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"

@@ -23,8 +23,7 @@ import sys
 from collections.abc import Callable
 
 from celery_sqs_heartbeat import __version__
-
-from .pages import REPO, Command
+from tests.docs.pages import REPO, Command
 
 SCRIPTS = frozenset(
     {".ci/test", ".ci/run", ".ci/release-check", "examples/spark_pipeline/run-demo.sh"}
@@ -227,7 +226,7 @@ def check_inspect(command: Command) -> None:
     """The inspect command is one the package registers with Celery."""
     from celery.worker.control import Panel
 
-    import celery_sqs_heartbeat.control  # noqa: F401  (registers the commands)
+    import celery_sqs_heartbeat.monitoring.control  # noqa: F401  (registers the commands)
 
     assert command.words[4] in Panel.data, f"{command.where()}: no inspect {command.words[4]}"
 

@@ -28,9 +28,8 @@ from pathlib import Path
 import pytest
 
 from celery_sqs_heartbeat.testing.cli import DEFAULT_PORT, READY_PREFIX
-
-from .checks import CHECKS, kind_of, python_args
-from .pages import REPO, Block, Command, Page, page_id, pages
+from tests.docs.checks import CHECKS, kind_of, python_args
+from tests.docs.pages import REPO, Block, Command, Page, page_id, pages
 
 pytestmark = pytest.mark.integration
 

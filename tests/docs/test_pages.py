@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .checks import ACTIVATIONS, NEEDS_ACTIVATION, kind_of
-from .pages import REPO, Page, page_id, pages
+from tests.docs.checks import ACTIVATIONS, NEEDS_ACTIVATION, kind_of
+from tests.docs.pages import REPO, Page, page_id, pages
 
 PAGES = [pytest.param(page, id=page_id(page)) for page in pages()]
 MARKERS = frozenset({"docs-test: run", "docs-test: output", "docs-test: tasks.py"})

@@ -52,7 +52,7 @@ if os.environ.get("IT_IMPORT_CONTROL") == "1":
     # What a user's app module does so that the ``celery inspect`` command line, which
     # checks command names before it connects, knows ``sqs_leases``. Workers get the
     # commands from the transport, so the tests set this for the command line only.
-    import celery_sqs_heartbeat.control  # noqa: F401
+    import celery_sqs_heartbeat.monitoring.control  # noqa: F401
 
 
 def _record(task_id: str, name: str, started: float, outcome: str) -> None:

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from celery_sqs_heartbeat import publishing_in_batches
-
-from .app import busy
+from tests.integration.app import busy
 
 
 def main(confirmed_file: str, count: int) -> None:

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, leaks, new_bed
+from tests.integration.harness import Bed, leaks, new_bed
 
 
 @pytest.fixture

@@ -7,7 +7,16 @@ import time
 
 import pytest
 
-from .harness import Bed, Worker, assert_queue_empty, log_has, report, tally, wait_for, worker
+from tests.integration.harness import (
+    Bed,
+    Worker,
+    assert_queue_empty,
+    log_has,
+    report,
+    tally,
+    wait_for,
+    worker,
+)
 
 DELETES = ["DeleteMessage", "DeleteMessageBatch"]
 POOLS = [("prefork", 4), ("threads", 4), ("solo", 1), ("gevent", 4)]

@@ -13,7 +13,7 @@ still there ends its poll with an answer: one test for each way.
 
 from __future__ import annotations
 
-from .harness import Bed, needs_sns_fanout, worker
+from tests.integration.harness import Bed, needs_sns_fanout, worker
 
 LEASE = 30
 PINGS = 4

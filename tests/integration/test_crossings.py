@@ -39,11 +39,11 @@ from typing import Any
 import celery
 import pytest
 
-from .harness import Bed, Worker, assert_queue_empty, report, wait_for
-from .test_fifo import fifo_queue
-from .test_fifo import send as send_in_group
-from .test_large_payloads import LARGE, new_bucket
-from .test_worker_stops import kill_leftovers, start
+from tests.integration.harness import Bed, Worker, assert_queue_empty, report, wait_for
+from tests.integration.test_fifo import fifo_queue
+from tests.integration.test_fifo import send as send_in_group
+from tests.integration.test_large_payloads import LARGE, new_bucket
+from tests.integration.test_worker_stops import kill_leftovers, start
 
 LEASE = 3
 #: Outlives its first lease: renewed at least once.

@@ -21,7 +21,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from .harness import (
+from tests.integration.harness import (
     Bed,
     Sent,
     Worker,

@@ -18,9 +18,8 @@ import boto3
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, settle
-from .test_iam_policy import (
+from tests.integration.harness import Bed, settle
+from tests.integration.test_iam_policy import (
     Keys,
     make_user,
     published_policy,

@@ -23,9 +23,16 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
-
-from .harness import REPO, Bed, Worker, broker_url, needs_sns_fanout, settle, wait_for
-from .test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
+from tests.integration.harness import (
+    REPO,
+    Bed,
+    Worker,
+    broker_url,
+    needs_sns_fanout,
+    settle,
+    wait_for,
+)
+from tests.integration.test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
 
 LEASE = 3
 ACCOUNT_ID = "123456789012"

@@ -31,11 +31,10 @@ from celery import Celery
 
 from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import broker_url, report
-from .test_iam_large_payloads import BUCKET, LARGE, with_s3
-from .test_iam_policy import Keys, make_user, published_policy, without_action
-from .test_predefined_queues import (
+from tests.integration.harness import broker_url, report
+from tests.integration.test_iam_large_payloads import BUCKET, LARGE, with_s3
+from tests.integration.test_iam_policy import Keys, make_user, published_policy, without_action
+from tests.integration.test_predefined_queues import (
     ACCOUNT_ID,
     LARGE_PAYLOADS,
     Call,

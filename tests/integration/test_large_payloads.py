@@ -20,7 +20,7 @@ import boto3
 import pytest
 from celery import Celery, chain
 
-from .harness import REPO, Bed, assert_queue_empty, settle, worker
+from tests.integration.harness import REPO, Bed, assert_queue_empty, settle, worker
 
 #: Over SQS's 1 MiB once kombu base64-encodes it.
 LARGE = 1_100_000

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from contextlib import ExitStack
 
-from .harness import Bed, send_recorded, wait_for
-from .test_worker_stops import events_of, of_action, start
+from tests.integration.harness import Bed, send_recorded, wait_for
+from tests.integration.test_worker_stops import events_of, of_action, start
 
 LEASE = 3
 #: Under SQS's longest poll (20 s), so that the poll it blocks is still out.

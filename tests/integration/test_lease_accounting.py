@@ -32,7 +32,7 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
-from celery_sqs_heartbeat.manager import VisibilityExtensionManager, shared_manager
+from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager, shared_manager
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 MESSAGES = 12

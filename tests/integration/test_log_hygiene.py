@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .harness import SECRET_KEY, leaks
+from tests.integration.harness import SECRET_KEY, leaks
 
 HANDLE = "abcdefghijklmnopqrstuvwxyzabcdefghij"
 

@@ -20,7 +20,7 @@ import boto3
 from celery import Celery
 from kombu import Producer
 
-from .harness import REPO, Bed, needs_sns_fanout, wait_for, worker
+from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for, worker
 
 LEASE = 3
 CELERY = [sys.executable, "-m", "celery", "-A", "tests.integration.app"]

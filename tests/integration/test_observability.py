@@ -16,8 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
-
-from .harness import REPO, Bed, needs_sns_fanout, worker
+from tests.integration.harness import REPO, Bed, needs_sns_fanout, worker
 
 LEASE = 3
 
@@ -60,7 +59,8 @@ def scrape_until(port: int, done: Any, timeout: float) -> dict[str, float]:
     if not samples:
         raise AssertionError(
             f"nothing serves http://127.0.0.1:{port}/metrics ({refused}); the transport must "
-            "call celery_sqs_heartbeat.prometheus.start_exporter when a worker starts consuming"
+            "call celery_sqs_heartbeat.monitoring.prometheus.start_exporter when a worker starts "
+            "consuming"
         )
     return samples
 
@@ -122,7 +122,7 @@ def inspect(bed: Bed, command: str, options: dict[str, Any], node: str) -> dict[
     assert process.returncode == 0, (
         f"{process.stdout}{process.stderr}\nOn SQS a worker answers only if the transport "
         "broadcasts through SNS (supports_fanout), routes pidbox replies and deletes no-ack "
-        "messages without an event loop, and imports celery_sqs_heartbeat.control."
+        "messages without an event loop, and imports celery_sqs_heartbeat.monitoring.control."
     )
     replies: dict[str, Any] = json.loads(process.stdout.strip().splitlines()[-1])
     return replies

@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, Sent, new_bed, report, send_recorded, wait_for
-from .test_fifo import fifo_queue
-from .test_worker_stops import events_of, of_action, start
+from tests.integration.harness import Bed, Sent, new_bed, report, send_recorded, wait_for
+from tests.integration.test_fifo import fifo_queue
+from tests.integration.test_worker_stops import events_of, of_action, start
 
 #: SQS's 12 hours, scaled down; and the workers' hold limit, under it.
 SHORT_HOLD = 12

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from .harness import Bed, settle, worker
-from .test_large_payloads import new_bucket, objects, s3
+from tests.integration.harness import Bed, settle, worker
+from tests.integration.test_large_payloads import new_bucket, objects, s3
 
 LEASE = 5
 #: The account the strict server (moto) owns every bucket with.

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Bed, assert_no_visibility_change_after_delete, overlapping, worker
+from tests.integration.harness import (
+    Bed,
+    assert_no_visibility_change_after_delete,
+    overlapping,
+    worker,
+)
 
 LEASE = 3
 

@@ -44,9 +44,8 @@ from kombu.transport import SQS
 
 from celery_sqs_heartbeat.testing import Event, Refusal, StrictSQSServer
 from celery_sqs_heartbeat.testing.s3_protocol import identify_s3_call
-
-from .harness import Bed, broker_url, report, settle, worker
-from .test_iam_large_payloads import BUCKET, LARGE, PREFIX, s3_statements
+from tests.integration.harness import Bed, broker_url, report, settle, worker
+from tests.integration.test_iam_large_payloads import BUCKET, LARGE, PREFIX, s3_statements
 
 #: Short, so that tasks outlive several leases, but not so short that a renewal thread
 #: starved on two saturated cores lets it run out (3 s did, by a tenth of a second).

@@ -19,8 +19,7 @@ import time
 import pytest
 
 from celery_sqs_heartbeat.testing import Event
-
-from .harness import Bed, report, wait_for, worker
+from tests.integration.harness import Bed, report, wait_for, worker
 
 TASKS = 12
 TASK_SECONDS = 0.2

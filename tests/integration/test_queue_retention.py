@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from .harness import Bed
+from tests.integration.harness import Bed
 
 #: Makes one queue to declare from a Celery app and its connection, as its consumer would.
 MakeQueue = Callable[[Celery, Any], Queue]

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from kombu import Connection, Exchange, Queue
 
-from .harness import Bed
+from tests.integration.harness import Bed
 
 #: A reply queue as kombu's Mailbox names it: with dots, which SQS names turn into "-".
 REPLY = Queue("4f1c2e.reply.celery.pidbox", Exchange("reply.celery.pidbox", "direct"), "4f1c2e")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import (
+from tests.integration.harness import (
     Bed,
     Worker,
     assert_queue_empty,

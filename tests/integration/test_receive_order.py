@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import new_bed, report
-from .test_large_payloads import LARGE, new_bucket
-from .test_parking import HOLD, OPTIONS, SHORT_HOLD
-from .test_worker_stops import start
+from tests.integration.harness import new_bed, report
+from tests.integration.test_large_payloads import LARGE, new_bucket
+from tests.integration.test_parking import HOLD, OPTIONS, SHORT_HOLD
+from tests.integration.test_worker_stops import start
 
 
 @pytest.fixture(scope="module")

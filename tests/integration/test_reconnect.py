@@ -7,7 +7,7 @@ import collections
 import celery
 import pytest
 
-from .harness import Bed, assert_queue_empty, records, worker
+from tests.integration.harness import Bed, assert_queue_empty, records, worker
 
 LEASE = 3
 

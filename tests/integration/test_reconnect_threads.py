@@ -8,7 +8,7 @@ started, so SQS handed those out again and they ran twice.
 
 from __future__ import annotations
 
-from .harness import Bed, assert_queue_empty, worker
+from tests.integration.harness import Bed, assert_queue_empty, worker
 
 LEASE = 3
 

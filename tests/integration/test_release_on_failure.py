@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import Bed, worker
+from tests.integration.harness import Bed, worker
 
 #: Far longer than the test waits for a redelivery.
 LEASE = 30

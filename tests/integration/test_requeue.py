@@ -9,7 +9,7 @@ is far longer than the test waits: the redelivery can only come from the release
 
 from __future__ import annotations
 
-from .harness import Bed, assert_queue_empty, settle, worker
+from tests.integration.harness import Bed, assert_queue_empty, settle, worker
 
 LEASE = 30
 

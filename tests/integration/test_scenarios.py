@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .harness import (
+from tests.integration.harness import (
     REPO,
     Bed,
     Worker,

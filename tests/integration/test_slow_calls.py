@@ -16,8 +16,7 @@ from contextlib import ExitStack
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, overlapping, report, tally, worker
+from tests.integration.harness import Bed, overlapping, report, tally, worker
 
 pytestmark = pytest.mark.integration
 

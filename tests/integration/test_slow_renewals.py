@@ -14,8 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, overlapping, report, tally, worker
+from tests.integration.harness import Bed, overlapping, report, tally, worker
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .harness import REPO, Bed, log_has, settle, worker
+from tests.integration.harness import REPO, Bed, log_has, settle, worker
 
 LEASE = 3
 #: A worker that stops at start-up does so in seconds; one that retries takes minutes.

@@ -7,7 +7,7 @@ import sys
 import time
 import uuid
 
-from .harness import REPO, Bed, needs_sns_fanout, worker
+from tests.integration.harness import REPO, Bed, needs_sns_fanout, worker
 
 #: The worker's kombu waits this long after an empty poll before polling a queue again.
 WORKER_POLLING_INTERVAL = 10

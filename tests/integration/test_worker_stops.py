@@ -23,8 +23,16 @@ from typing import Any, NamedTuple
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-from .harness import Bed, Sent, Worker, new_bed, process_gone, report, send_recorded, wait_for
+from tests.integration.harness import (
+    Bed,
+    Sent,
+    Worker,
+    new_bed,
+    process_gone,
+    report,
+    send_recorded,
+    wait_for,
+)
 
 BUSY = "tests.integration.app.busy"
 

@@ -9,9 +9,9 @@ import botocore.session
 import pytest
 from botocore.client import BaseClient
 
-from celery_sqs_heartbeat import manager as manager_module
 from celery_sqs_heartbeat import signals
-from celery_sqs_heartbeat.leases import EntryResult, Lease, LeasePolicy
+from celery_sqs_heartbeat.leasing import manager as manager_module
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy
 
 #: The policy most tests use: 30-second leases, due 10 seconds before they run out.
 POLICY = LeasePolicy(visibility_timeout=30, threshold=10.0)

@@ -23,16 +23,16 @@ from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
 
-from celery_sqs_heartbeat import celery_requests, payload_channel
-from celery_sqs_heartbeat import sqs as sqs_module
-from celery_sqs_heartbeat.leases import EntryResult, Lease
-from celery_sqs_heartbeat.manager import VisibilityExtensionManager
-from celery_sqs_heartbeat.metrics import LeaseMetrics
-from celery_sqs_heartbeat.payloads import SIZE_ATTRIBUTE, S3Pointer
-from celery_sqs_heartbeat.sqs import SQSQueue
+from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
+from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
+from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
+from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
+from celery_sqs_heartbeat.payloads import channel as payload_channel
+from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
+from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.transport import Channel
-
-from .conftest import FakeClock
+from tests.unit.conftest import FakeClock
 
 URL = "http://127.0.0.1:9/123456789012/jobs"
 #: SQSQueue's own delete, before a test's fake SQS replaces it.

@@ -27,13 +27,15 @@ from botocore.awsrequest import AWSResponse
 from botocore.client import BaseClient
 from kombu import Connection, Exchange, Queue
 
-from celery_sqs_heartbeat import celery_requests, prometheus, startup
-from celery_sqs_heartbeat.batch_publishing import publishing_in_batches
-from celery_sqs_heartbeat.exit_cleanup import leftovers
-from celery_sqs_heartbeat.leases import EntryResult
-from celery_sqs_heartbeat.manager import VisibilityExtensionManager
-from celery_sqs_heartbeat.sqs import SQSQueue
-from celery_sqs_heartbeat.startup import NoCredentialsFound, QueueNotFound
+from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
+from celery_sqs_heartbeat.leasing.leases import EntryResult
+from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
+from celery_sqs_heartbeat.monitoring import prometheus
+from celery_sqs_heartbeat.publishing.scope import publishing_in_batches
+from celery_sqs_heartbeat.queues.exit_cleanup import leftovers
+from celery_sqs_heartbeat.settling import celery_requests
+from celery_sqs_heartbeat.startup import checks as startup
+from celery_sqs_heartbeat.startup.checks import NoCredentialsFound, QueueNotFound
 from celery_sqs_heartbeat.transport import Channel
 
 BASE = "http://127.0.0.1:9/123456789012"

@@ -21,8 +21,8 @@ from botocore.stub import Stubber
 from kombu.asynchronous import Hub
 from vine import promise
 
+from celery_sqs_heartbeat.aws.sqs_queue import receive_client
 from celery_sqs_heartbeat.compat import LoopWaker, SQSChannel, call_soon_waking
-from celery_sqs_heartbeat.sqs import receive_client
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
 REQUEST = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_sqs_heartbeat.sqs_facts import SQS_QUEUE_NAME_REUSE_SECONDS
+from celery_sqs_heartbeat.aws.sqs_facts import SQS_QUEUE_NAME_REUSE_SECONDS
 from celery_sqs_heartbeat.testing.deleted_queues import RecentlyDeletedNames
 
 

@@ -24,12 +24,12 @@ import botocore.session
 import pytest
 from botocore.client import BaseClient
 
-from celery_sqs_heartbeat import payload_store, sqs
-from celery_sqs_heartbeat.payload_options import LargePayloadOptions
-from celery_sqs_heartbeat.payload_store import PayloadStore, delete_objects_of, s3_client
-from celery_sqs_heartbeat.payloads import FailureStreak, S3Pointer
-
-from .conftest import make_lease
+from celery_sqs_heartbeat.aws import sqs_queue as sqs
+from celery_sqs_heartbeat.payloads import store as payload_store
+from celery_sqs_heartbeat.payloads.options import LargePayloadOptions
+from celery_sqs_heartbeat.payloads.pointers import FailureStreak, S3Pointer
+from celery_sqs_heartbeat.payloads.store import PayloadStore, delete_objects_of, s3_client
+from tests.unit.conftest import make_lease
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),

@@ -1,0 +1,1 @@
+"""Remote control, events and metrics over SQS and SNS: Flower, ``celery inspect``, Prometheus."""

@@ -1,0 +1,1 @@
+"""Publishing in SendMessageBatch calls inside ``publishing_in_batches()``."""

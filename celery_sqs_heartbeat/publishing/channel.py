@@ -1,0 +1,107 @@
+"""kombu's SQS channel, whose publishes go in batches inside a batch-publishing scope.
+
+kombu's ``_put`` builds each message's SendMessage (queue URL, body, attributes, FIFO
+group and deduplication ids, delay) differently from one kombu version to the next, and
+then calls ``send_message`` on the queue's client (a predefined queue's own, with its
+STS role). Inside a scope (:func:`~celery_sqs_heartbeat.publishing.scope.publishing_in_batches`)
+kombu's ``_put`` runs as ever, but the client it is handed catches that one call: its
+parameters, less the queue URL, become the message's SendMessageBatch entry, and the
+client and URL its target. A body too large for SQS goes to S3 first, as a SendMessage's
+would (:meth:`~celery_sqs_heartbeat.payloads.store.PayloadStore.offload`), so the entry
+is sized as SQS will count it, against its queue's ``MaximumMessageSize``
+(:func:`~celery_sqs_heartbeat.aws.sqs_send.queue_message_limit`). Outside a scope of the
+publishing thread's own nothing changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, cast
+
+from botocore.client import BaseClient
+from kombu.transport import SQS
+
+from ..aws.sqs_facts import is_fifo
+from ..aws.sqs_send import queue_message_limit
+from ..payloads.pointers import message_size
+from ..payloads.store import PayloadStore
+from .book import Unsent
+from .scope import SendTarget, active_publisher
+
+__all__ = ["BatchPublishingChannel"]
+
+#: Per thread: the SendMessage calls caught while this thread's ``_put`` runs.
+_catching = threading.local()
+
+
+class _SendCatcher:
+    """The queue's client, but a ``send_message`` is noted instead of made.
+
+    Everything else (kombu's queue lookups and creation on the way) goes to the client.
+    """
+
+    def __init__(self, client: BaseClient, caught: list[tuple[BaseClient, dict[str, Any]]]):
+        self._client = client
+        self._caught = caught
+
+    def send_message(self, **params: Any) -> None:
+        self._caught.append((self._client, params))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class BatchPublishingChannel(SQS.Channel):
+    """``_put`` hands its message to the batch publisher while its thread has a scope open."""
+
+    payloads: PayloadStore
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        publisher = active_publisher()
+        if publisher is None or message.get("redelivered"):
+            super()._put(queue, message, **kwargs)
+            return
+        caught: list[tuple[BaseClient, dict[str, Any]]] = []
+        _catching.sends = caught
+        try:
+            super()._put(queue, message, **kwargs)
+        finally:
+            _catching.sends = None
+        for client, params in caught:
+            publisher.publish(self._unsent(queue, message, client, params))
+
+    def sqs(self, queue: str | None = None) -> BaseClient:
+        client: BaseClient = super().sqs(queue=queue)
+        caught = getattr(_catching, "sends", None)
+        if caught is None:
+            return client
+        return cast(BaseClient, _SendCatcher(client, caught))
+
+    def _unsent(
+        self, queue: str, message: dict[str, Any], client: BaseClient, params: dict[str, Any]
+    ) -> Unsent:
+        """The caught SendMessage as a batch entry, its body in S3 first if too large."""
+        entry = dict(params)
+        queue_url = entry.pop("QueueUrl")
+        if self.payloads.options is not None:
+            self.payloads.offload(client, entry, queue_url=queue_url)
+        fifo = is_fifo(self.canonical_queue_name(queue))
+        return Unsent(
+            task_id=_task_id(message),
+            target=SendTarget(client, queue_url),
+            entry=entry,
+            size=message_size(entry["MessageBody"], entry.get("MessageAttributes")),
+            group=entry.get("MessageGroupId") if fifo else None,
+            queue=queue_url,
+            call_limit=queue_message_limit(client, queue_url),
+        )
+
+
+def _task_id(message: dict[str, Any]) -> str:
+    """Celery's task id (protocol 2 header, or the correlation id); kombu's own messages
+    have neither, and are named by their delivery tag."""
+    headers = message.get("headers") or {}
+    properties = message.get("properties") or {}
+    return str(
+        headers.get("id") or properties.get("correlation_id") or properties.get("delivery_tag")
+    )

@@ -1,0 +1,1 @@
+"""Queues this transport declares and removes: retention, URL cache, clean-up."""

@@ -1,0 +1,1 @@
+"""The receive: kombu's loop kept alive, and each message taken through its steps."""

@@ -1,0 +1,75 @@
+"""When a queue may receive, and what its receives left on the wire: pure, clock passed in.
+
+The receive loop asks two things of a queue before each turn, and one at shutdown:
+
+- Is it failing? A failed receive is retried with backoff
+  (:class:`~celery_sqs_heartbeat.receiving.retries.ReceiveBackoff`), and the streak is logged
+  once when it starts and once when it ends, not on every retry.
+- Which long polls are on the wire, and since when? A message released at shutdown
+  before this channel's own pending poll is over could be handed to that poll, whose
+  answer nobody reads any more: it would stay hidden for a whole lease. So the release
+  waits until the poll must be over.
+
+The prefetch window, the third thing a turn depends on, is
+:class:`~celery_sqs_heartbeat.receiving.prefetch.PrefetchRoom`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from celery.utils.log import get_logger
+
+from .retries import ReceiveBackoff, ReceiveFailure
+
+__all__ = ["ReceiveGate"]
+
+logger = get_logger(__name__)
+
+
+class ReceiveGate:
+    """One channel's receive backoff and pending long polls, per queue."""
+
+    def __init__(self, clock: Callable[[], float], backoff: ReceiveBackoff | None = None) -> None:
+        self._clock = clock
+        self._backoff = backoff if backoff is not None else ReceiveBackoff()
+        #: When each queue's pending long poll was sent, by queue URL.
+        self._polls_pending: dict[str, float] = {}
+
+    def wait(self, queue_name: str) -> float:
+        """Seconds before ``queue_name`` may be asked again; 0: now."""
+        return self._backoff.wait(queue_name, self._clock())
+
+    def poll_sent(self, queue_url: str) -> None:
+        self._polls_pending[queue_url] = self._clock()
+
+    def poll_answered(self, queue_url: str) -> float | None:
+        """The poll of ``queue_url`` came back: when it was sent (None: not known)."""
+        return self._polls_pending.pop(queue_url, None)
+
+    def release_delay(self, queue_url: str, wait_time_seconds: int) -> int:
+        """Seconds until this channel's pending long poll on the queue must be over."""
+        sent_at = self._polls_pending.get(queue_url)
+        if sent_at is None:
+            return 0
+        return max(0, math.ceil(sent_at + wait_time_seconds - self._clock()))
+
+    def failed(self, queue_name: str, failure: ReceiveFailure) -> None:
+        """Back off; a streak that starts now is logged. The caller stops on fatal ones."""
+        if self._backoff.failed(queue_name, self._clock()):
+            logger.warning(
+                "Receiving from SQS queue %s failed (%s); retrying with backoff until it works",
+                queue_name,
+                failure,
+            )
+
+    def succeeded(self, queue_name: str) -> None:
+        recovery = self._backoff.succeeded(queue_name, self._clock())
+        if recovery is not None:
+            logger.info(
+                "Receiving from SQS queue %s works again, after %d failed attempt(s) in %.1f s",
+                queue_name,
+                recovery.failures,
+                recovery.seconds,
+            )
