@@ -48,7 +48,7 @@ from bench_runs import BASE_OPTIONS, TRANSPORTS
 from celery import Celery, group
 
 from celery_sqs_heartbeat import publishing_in_batches
-from celery_sqs_heartbeat.publishing import scope as batch_publishing
+from celery_sqs_heartbeat.publishing import publisher as batch_publisher
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 SHAPES = ("loop", "group", "threads")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--senders", type=int, help="sending threads (ours), instead of 8")
     args = parser.parse_args(argv)
     if args.senders is not None:
-        batch_publishing.MAX_PUBLISH_CALLS_IN_FLIGHT = args.senders
+        batch_publisher.MAX_PUBLISH_CALLS_IN_FLIGHT = args.senders
     sides = [side for side in SIDES if side in args.sides]
     began = time.monotonic()
     results: list[Result] = []

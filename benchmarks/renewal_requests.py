@@ -65,8 +65,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT  # noqa: E402
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
-from celery_sqs_heartbeat.aws.sqs_queue import MAX_CALLS_IN_FLIGHT  # noqa: E402
 from celery_sqs_heartbeat.leasing.leases import (  # noqa: E402
     LOOKS_PER_BATCH,
     EntryResult,

@@ -49,7 +49,7 @@ from kombu.asynchronous.aws.sqs.message import AsyncMessage
 from kombu.transport import SQS
 
 from .aws.sqs_facts import RECEIVE_COUNT_ATTRIBUTE
-from .aws.sqs_queue import receive_client
+from .process import this_process
 
 try:
     from kombu.transport.SQS.exceptions import (
@@ -124,10 +124,10 @@ class SQSChannel(SQS.Channel):
         """kombu 5.5: the receive its client would make on the loop, on a thread of its own.
 
         One attempt, as kombu's client makes
-        (:func:`~celery_sqs_heartbeat.aws.sqs_queue.receive_client`); the answer, or the
+        (:meth:`~celery_sqs_heartbeat.aws.clients.DerivedClients.receive`); the answer, or the
         error, is handed to the loop, which is woken for it.
         """
-        client = receive_client(self.sqs(queue=queue_name))
+        client = this_process().clients.receive(self.sqs(queue=queue_name))
         waker = LoopWaker.of(cast(Hub, self.hub))
 
         def on_the_loop(deliver: Callable[..., Any], outcome: Any) -> None:

@@ -50,10 +50,9 @@ from kombu.utils.objects import cached_property
 
 from .aws.sqs_queue import SQSQueue
 from .compat import KOMBU_BROADCASTS_THROUGH_SNS
-from .leasing.lease_queues import lease_queues
 from .leasing.lease_table import LeaseTable
 from .leasing.leases import LeasePolicy
-from .leasing.manager import VisibilityExtensionManager, shared_manager
+from .leasing.manager import VisibilityExtensionManager
 from .monitoring import control  # noqa: F401  (importing registers the sqs_leases inspect commands)
 from .monitoring.event_fanout import EventFanoutChannel, events_through_sns
 from .monitoring.prometheus import start_exporter
@@ -63,6 +62,7 @@ from .options import HeartbeatOptions
 from .payloads.channel import PayloadChannel, ReadingQoS
 from .payloads.options import LargePayloadOptions, PayloadAccess
 from .payloads.store import PayloadStore
+from .process import this_process
 from .publishing.channel import BatchPublishingChannel
 from .queues.cleanup import DeletesAutoDeleteQueues
 from .queues.retention_channel import RetainsMessagesForTheirTtl
@@ -123,7 +123,8 @@ class QoS(ReadingQoS):
         renewed until their ack or reject; the rest go back to the queue at once.
         """
         delivered = [
-            (tag, lease) for tag, lease in self.channel.lease_table.delivered()
+            (tag, lease)
+            for tag, lease in self.channel.lease_table.delivered()
             if tag in self._delivered
         ]
         for tag, _ in delivered:
@@ -329,7 +330,9 @@ class Channel(
 
     def _lease_queue(self, queue_url: str, queue_name: str) -> SQSQueue:
         """The renewal target of a queue, from now on through this channel's client."""
-        return lease_queues().of(self.canonical_queue_name(queue_name), queue_url, self)
+        return this_process().lease_queues.of(
+            self.canonical_queue_name(queue_name), queue_url, self
+        )
 
 
 class Transport(SQS.Transport):
@@ -356,7 +359,7 @@ class Transport(SQS.Transport):
     @cached_property
     def manager(self) -> VisibilityExtensionManager:
         """The process's one manager, shared by every connection; a test may set its own."""
-        return shared_manager()
+        return this_process().manager
 
     def clock(self) -> float:
         """The clock of this connection's receives and leases: the manager's."""

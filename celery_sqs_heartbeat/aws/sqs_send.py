@@ -26,55 +26,60 @@ from .sqs_facts import (
     canonical_code,
     error_code,
 )
-from .sqs_queue import publish_client
 
-__all__ = ["queue_message_limit", "send_message_batch"]
+__all__ = ["MessageLimits", "send_message_batch"]
 
 logger = get_logger(__name__)
 
 Results = dict[int, tuple[SendOutcome, str]]
 
-#: Each queue's ``MaximumMessageSize`` by URL, read once. Plain dict operations, atomic
-#: under the GIL: no lock a forked child could inherit held, and two threads reading the
-#: same queue at once cost one extra call, no harm.
-_message_limits: dict[str, int] = {}
 
+class MessageLimits:
+    """Each queue's ``MaximumMessageSize`` by URL, read once per process.
 
-def queue_message_limit(client: BaseClient, queue_url: str) -> int:
-    """The most bytes one call to the queue may carry: its ``MaximumMessageSize``.
-
-    Read once per queue URL with GetQueueAttributes (which kombu's declare needs too, so
-    a producer's policy allows it), through ``client``'s publish client. If it cannot be
-    read, SQS's default limit, :data:`SQS_MAX_MESSAGE_SIZE`: a queue with a lower one
-    then refuses some calls whole, and :func:`send_message_batch` splits them, so the
-    guess costs calls, never a message. A refusal for good (access denied) is kept, so
-    that each publish does not ask again; a passing fault is asked again next time.
+    Plain dict operations, atomic under the GIL: two threads reading the same queue at
+    once cost one extra call, no harm.
     """
-    known = _message_limits.get(queue_url)
-    if known is not None:
-        return known
-    try:
-        answer = publish_client(client).get_queue_attributes(
-            QueueUrl=queue_url, AttributeNames=[MAX_MESSAGE_SIZE_ATTRIBUTE]
-        )
-        limit = int(answer["Attributes"][MAX_MESSAGE_SIZE_ATTRIBUTE])
-    except ClientError as exc:
-        code = error_code(exc.response.get("Error", {}).get("Code"))
-        logger.warning(
-            "Cannot read %s of %s (%s); sending calls of %d bytes at most",
-            MAX_MESSAGE_SIZE_ATTRIBUTE,
-            queue_url,
-            code,
-            SQS_MAX_MESSAGE_SIZE,
-        )
-        if canonical_code(code) in FATAL_CODES:
-            _message_limits[queue_url] = SQS_MAX_MESSAGE_SIZE
-        return SQS_MAX_MESSAGE_SIZE
-    except (BotoCoreError, OSError, KeyError, ValueError):
-        return SQS_MAX_MESSAGE_SIZE
-    limit = min(limit, SQS_MAX_BATCH_SEND_SIZE)
-    _message_limits[queue_url] = limit
-    return limit
+
+    def __init__(self) -> None:
+        self._limits: dict[str, int] = {}
+
+    def of(self, client: BaseClient, queue_url: str) -> int:
+        """The most bytes one call to the queue may carry: its ``MaximumMessageSize``.
+
+        Read once per queue URL with GetQueueAttributes (which kombu's declare needs too,
+        so a producer's policy allows it), through ``client``, the queue's publish
+        client. If it cannot be read, SQS's default limit, :data:`SQS_MAX_MESSAGE_SIZE`:
+        a queue with a lower one then refuses some calls whole, and
+        :func:`send_message_batch` splits them, so the guess costs calls, never a
+        message. A refusal for good (access denied) is kept, so that each publish does
+        not ask again; a passing fault is asked again next time.
+        """
+        known = self._limits.get(queue_url)
+        if known is not None:
+            return known
+        try:
+            answer = client.get_queue_attributes(
+                QueueUrl=queue_url, AttributeNames=[MAX_MESSAGE_SIZE_ATTRIBUTE]
+            )
+            limit = int(answer["Attributes"][MAX_MESSAGE_SIZE_ATTRIBUTE])
+        except ClientError as exc:
+            code = error_code(exc.response.get("Error", {}).get("Code"))
+            logger.warning(
+                "Cannot read %s of %s (%s); sending calls of %d bytes at most",
+                MAX_MESSAGE_SIZE_ATTRIBUTE,
+                queue_url,
+                code,
+                SQS_MAX_MESSAGE_SIZE,
+            )
+            if canonical_code(code) in FATAL_CODES:
+                self._limits[queue_url] = SQS_MAX_MESSAGE_SIZE
+            return SQS_MAX_MESSAGE_SIZE
+        except (BotoCoreError, OSError, KeyError, ValueError):
+            return SQS_MAX_MESSAGE_SIZE
+        limit = min(limit, SQS_MAX_BATCH_SEND_SIZE)
+        self._limits[queue_url] = limit
+        return limit
 
 
 def send_message_batch(
@@ -82,9 +87,9 @@ def send_message_batch(
 ) -> Results:
     """Send ``entries`` (SendMessageBatch entries less their ``Id``) in one call.
 
-    ``client`` is the queue's client as kombu chose it; the call goes through its
-    :func:`~celery_sqs_heartbeat.aws.sqs_queue.publish_client`. Entry ``i`` has ``Id`` ``"i"``,
-    and the answer is by that index.
+    ``client`` is the queue's publish client
+    (:meth:`~celery_sqs_heartbeat.aws.clients.DerivedClients.publish`). Entry ``i`` has
+    ``Id`` ``"i"``, and the answer is by that index.
 
     A call SQS refuses whole for a reason one entry may cause (a message too long for
     the queue, bad contents: SQS names no entry) is split in halves, each sent alone, so
@@ -94,7 +99,7 @@ def send_message_batch(
     """
     request = [{"Id": str(index), **entry} for index, entry in enumerate(entries)]
     try:
-        response = publish_client(client).send_message_batch(QueueUrl=queue_url, Entries=request)
+        response = client.send_message_batch(QueueUrl=queue_url, Entries=request)
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code = error_code(error.get("Code"))

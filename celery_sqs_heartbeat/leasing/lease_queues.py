@@ -12,16 +12,18 @@ the newest channel still open; only when none is open does it use the last one i
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
+from functools import partial
 from typing import Any
 
 from botocore.client import BaseClient
 
+from ..aws.clients import DerivedClients
 from ..aws.sqs_queue import SQSQueue
+from ..payloads.cleanup import ObjectCleanup
 
-__all__ = ["LeaseQueues", "lease_queues"]
+__all__ = ["LeaseQueues"]
 
 
 class _LiveClient:
@@ -47,9 +49,15 @@ class _LiveClient:
 
 
 class LeaseQueues:
-    """The renewal target of every queue the process receives from, by URL."""
+    """The renewal target of every queue the process receives from, by URL.
 
-    def __init__(self) -> None:
+    Renewals go through ``clients``' renewal client of the live channel's; the S3
+    objects of messages surely deleted go to ``cleanup``.
+    """
+
+    def __init__(self, clients: DerivedClients, cleanup: ObjectCleanup) -> None:
+        self._clients = clients
+        self._cleanup = cleanup
         self._queues: dict[str, tuple[SQSQueue, _LiveClient]] = {}
         self._lock = threading.Lock()
 
@@ -58,26 +66,14 @@ class LeaseQueues:
         with self._lock:
             known = self._queues.get(queue_url)
             if known is None:
-                client = _LiveClient(queue_name, channel)
-                known = self._queues[queue_url] = (SQSQueue(queue_name, queue_url, client), client)
+                live = _LiveClient(queue_name, channel)
+                target = SQSQueue(
+                    queue_name,
+                    queue_url,
+                    lambda: self._clients.renewal(live()),
+                    partial(self._cleanup.deleted, live),
+                )
+                known = self._queues[queue_url] = (target, live)
             else:
                 known[1].follow(channel)
         return known[0]
-
-
-_shared = LeaseQueues()
-
-
-def lease_queues() -> LeaseQueues:
-    """The process's targets, shared by every connection (a reconnect makes a new one)."""
-    return _shared
-
-
-def _forget_at_fork() -> None:
-    """A forked pool child renews nothing of its parent's, and must not share its lock."""
-    global _shared
-    _shared = LeaseQueues()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_at_fork)

@@ -24,9 +24,7 @@ task is never handed to another worker because its delete was slow or failed for
 
 from __future__ import annotations
 
-import atexit
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,8 +34,8 @@ from typing import Protocol, cast
 from celery.utils.log import get_logger
 
 from ..aws.calls import CallSlots
-from ..aws.sqs_queue import MAX_CALLS_IN_FLIGHT, MAX_SENDS_IN_FLIGHT
-from ..monitoring.metrics import LeaseMetrics, process_metrics
+from ..aws.clients import MAX_CALLS_IN_FLIGHT, MAX_SENDS_IN_FLIGHT
+from ..monitoring.metrics import LeaseMetrics
 from .check_loop import CheckLoop
 from .leases import LOOKS_PER_BATCH, EntryResult, Lease, LeaseBook, RenewalBatch
 from .outbox import Outbox, OutboxBatch, Outgoing, Request
@@ -45,7 +43,7 @@ from .reporting import LeaseReporter
 
 logger = get_logger(__name__)
 
-__all__ = ["LeaseStatus", "VisibilityExtensionManager", "shared_manager"]
+__all__ = ["EXIT_FLUSH_TIMEOUT", "LeaseStatus", "VisibilityExtensionManager"]
 
 Clock = Callable[[], float]
 Answers = Mapping[Lease, tuple[EntryResult, str]]
@@ -111,7 +109,7 @@ class VisibilityExtensionManager:
         self._outbox = Outbox(retry_delay=RETRY_DELAY)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._report = LeaseReporter(metrics or process_metrics(), clock, logger)
+        self._report = LeaseReporter(metrics or LeaseMetrics(), clock, logger)
         self._renewals = CallSlots("renewal", MAX_CALLS_IN_FLIGHT, self._slot_freed)
         self._sends = CallSlots("send", MAX_SENDS_IN_FLIGHT, self._slot_freed)
         self._interval = float("inf")
@@ -480,44 +478,3 @@ def _ask(
     except Exception as exc:
         logger.exception("%s on queue %s failed", activity, queue.name)
         return dict.fromkeys(leases, (EntryResult.TRANSIENT, repr(exc)))
-
-
-_shared: VisibilityExtensionManager | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_manager() -> VisibilityExtensionManager:
-    """The process's manager, created on first use so producers never start a thread."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = VisibilityExtensionManager()
-        return _shared
-
-
-def _flush_at_exit() -> None:
-    """Send what is still pending when the process ends without closing its channel."""
-    manager = _shared
-    if manager is not None:
-        left = manager.stop(EXIT_FLUSH_TIMEOUT)
-        if left:
-            logger.warning(
-                "%d SQS delete(s) or release(s) could not be sent before the process ended; "
-                "those messages become visible again when their leases end",
-                left,
-            )
-
-
-atexit.register(_flush_at_exit)
-
-
-def _forget_shared_manager() -> None:
-    # A forked child (a prefork pool process) inherits the parent's leases but not its
-    # thread; the leases are the parent's to renew, so the child starts empty.
-    global _shared, _shared_lock
-    _shared = None
-    _shared_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_shared_manager)

@@ -20,8 +20,9 @@ from typing import Any
 
 from celery.worker.control import inspect_command
 
-from ..leasing.manager import VisibilityExtensionManager, shared_manager
-from .metrics import MetricsSnapshot, snapshot
+from ..leasing.manager import VisibilityExtensionManager
+from ..process import snapshot, this_process
+from .metrics import MetricsSnapshot
 
 __all__ = ["lease_listing", "lease_stats", "sqs_lease_stats", "sqs_leases"]
 
@@ -44,7 +45,7 @@ def lease_stats(current: MetricsSnapshot) -> dict[str, Any]:
 
 def sqs_leases(state: Any, **_: Any) -> list[dict[str, Any]]:
     """SQS leases this worker renews: task id and name, queue, age, renewals, expires_in."""
-    return lease_listing(shared_manager())
+    return lease_listing(this_process().manager)
 
 
 def sqs_lease_stats(state: Any, **_: Any) -> dict[str, Any]:

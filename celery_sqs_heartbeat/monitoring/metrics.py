@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 import threading
 from collections.abc import Mapping
@@ -38,9 +37,6 @@ __all__ = [
     "MetricKind",
     "MetricsSnapshot",
     "failure_code",
-    "process_metrics",
-    "record_receive_error",
-    "snapshot",
 ]
 
 #: Upper bounds, in seconds, of the renewal-margin histogram buckets. Renewals are due
@@ -319,7 +315,7 @@ _SCALARS = (MetricKind.GAUGE, MetricKind.COUNTER)
 
 
 class LeaseMetrics:
-    """The counters themselves. One per process is enough: see :func:`process_metrics`.
+    """The counters themselves; one per process (:mod:`celery_sqs_heartbeat.process`).
 
     Every method takes one lock for a few additions, so recording from the renewal
     thread and the worker's loop at once is safe and never waits on I/O. The counts are
@@ -405,29 +401,7 @@ class LeaseMetrics:
         counts[code] = counts.get(code, 0) + amount
 
 
-_process_metrics = LeaseMetrics()
-
-
-def process_metrics() -> LeaseMetrics:
-    """The counters of this process, written by the shared manager and the transport."""
-    return _process_metrics
-
-
-def snapshot() -> MetricsSnapshot:
-    """This process's lease counters now: ``celery_sqs_heartbeat.monitoring.metrics.snapshot()``."""
-    return _process_metrics.snapshot()
-
-
-def record_receive_error(code: str) -> None:
-    """Count a failed ReceiveMessage call; ``code`` is SQS's error code or the error's name."""
-    _process_metrics.record_receive_error(code)
-
-
 def _by_code(counts: Mapping[str, int]) -> str:
     if not counts:
         return ""
     return " (" + " ".join(f"{code}={n}" for code, n in sorted(counts.items())) + ")"
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_process_metrics.reset)

@@ -1,7 +1,7 @@
 """The lease counters for Prometheus (extra ``celery-sqs-heartbeat[prometheus]``).
 
 The counters live in :mod:`celery_sqs_heartbeat.monitoring.metrics`, which knows nothing of
-Prometheus. The collector here reads :func:`~celery_sqs_heartbeat.monitoring.metrics.snapshot` at
+Prometheus. The collector here reads :func:`~celery_sqs_heartbeat.process.snapshot` at
 every scrape, so there is one source of truth and nothing is done between scrapes.
 
 A worker serves them when the transport option ``metrics_port`` is set: the transport
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from celery.utils.log import get_logger
 
 from ..options import HeartbeatOptions, InvalidTransportOption
-from .metrics import LISTED_METRICS, MetricKind, MetricsSnapshot, snapshot
+from ..process import snapshot
+from .metrics import LISTED_METRICS, MetricKind, MetricsSnapshot
 from .metrics import Metric as LeaseMetric
 
 if TYPE_CHECKING:

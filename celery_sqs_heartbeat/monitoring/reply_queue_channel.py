@@ -26,7 +26,8 @@ from celery.utils.log import get_logger
 from kombu.transport import SQS
 
 from ..aws.sqs_facts import QUEUE_DELETED_RECENTLY, QUEUE_MISSING_CODES, canonical_code
-from ..queues.exit_cleanup import delete_reply_queues, leftovers
+from ..process import this_process
+from ..queues.exit_cleanup import delete_reply_queues
 from .pidbox_names import is_reply_queue
 
 __all__ = ["KeepsReplyQueues"]
@@ -49,7 +50,9 @@ class KeepsReplyQueues(SQS.Channel):
         if not self._keep_reply_queue(queue):
             super().after_reply_message_received(queue)
             return
-        delete_reply_queues(leftovers.reply_queues.take_idle(os.getpid(), time.monotonic()))
+        delete_reply_queues(
+            this_process().leftovers.reply_queues.take_idle(os.getpid(), time.monotonic())
+        )
 
     def _keep_reply_queue(self, queue: str) -> bool:
         """Note that this process uses the reply queue ``queue`` now; False if not kept."""
@@ -58,7 +61,7 @@ class KeepsReplyQueues(SQS.Channel):
         if url is None or self.predefined_queues or not is_reply_queue(queue):
             return False
         delete = partial(_delete_reply_queue, self.sqs(), self._queue_cache, name, url)
-        leftovers.reply_queues.used(url, delete, os.getpid(), time.monotonic())
+        this_process().leftovers.reply_queues.used(url, delete, os.getpid(), time.monotonic())
         return True
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:

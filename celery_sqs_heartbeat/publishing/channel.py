@@ -9,7 +9,7 @@ parameters, less the queue URL, become the message's SendMessageBatch entry, and
 client and URL its target. A body too large for SQS goes to S3 first, as a SendMessage's
 would (:meth:`~celery_sqs_heartbeat.payloads.store.PayloadStore.offload`), so the entry
 is sized as SQS will count it, against its queue's ``MaximumMessageSize``
-(:func:`~celery_sqs_heartbeat.aws.sqs_send.queue_message_limit`). Outside a scope of the
+(:meth:`~celery_sqs_heartbeat.aws.sqs_send.MessageLimits.of`). Outside a scope of the
 publishing thread's own nothing changes.
 """
 
@@ -22,11 +22,12 @@ from botocore.client import BaseClient
 from kombu.transport import SQS
 
 from ..aws.sqs_facts import is_fifo
-from ..aws.sqs_send import queue_message_limit
 from ..payloads.pointers import message_size
 from ..payloads.store import PayloadStore
+from ..process import this_process
 from .book import Unsent
-from .scope import SendTarget, active_publisher
+from .publisher import SendTarget
+from .scope import active_publisher
 
 __all__ = ["BatchPublishingChannel"]
 
@@ -93,7 +94,9 @@ class BatchPublishingChannel(SQS.Channel):
             size=message_size(entry["MessageBody"], entry.get("MessageAttributes")),
             group=entry.get("MessageGroupId") if fifo else None,
             queue=queue_url,
-            call_limit=queue_message_limit(client, queue_url),
+            call_limit=this_process().message_limits.of(
+                this_process().clients.publish(client), queue_url
+            ),
         )
 
 

@@ -42,7 +42,7 @@ from celery.events.event import EVENT_EXCHANGE_NAME
 from celery.utils.log import get_logger
 from kombu.transport import SQS
 
-from .exit_cleanup import leftovers
+from ..process import this_process
 
 __all__ = ["DeletesAutoDeleteQueues", "is_single_use"]
 
@@ -74,7 +74,7 @@ class DeletesAutoDeleteQueues(SQS.Channel):
         declared = super().queue_declare(queue, passive=passive, **kwargs)
         if kwargs.get("auto_delete") and not passive:
             self._auto_delete_queues.add(declared.queue)
-            leftovers.add_channel(self, os.getpid())
+            this_process().leftovers.add_channel(self, os.getpid())
         return declared
 
     def basic_cancel(self, consumer_tag: str) -> Any:

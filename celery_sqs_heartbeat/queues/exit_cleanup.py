@@ -8,9 +8,11 @@ Two kinds of queue outlive the consumer that would have removed them:
 - Remote-control reply queues are kept between calls (:mod:`.reply_queues` says why);
   those of the last minutes of a process are left for its exit.
 
-:data:`leftovers` removes both, by the rule of :mod:`.queue_cleanup`: a single-use queue
-(a monitor's) is deleted, and a queue whose name comes back (a worker's mailbox, the RPC
-backend's) is left as it is, subscribed. It does so:
+A process's :class:`Leftovers` (:mod:`celery_sqs_heartbeat.process` holds them, and
+removes them when the process leaves) removes both, by the rule of
+:mod:`~celery_sqs_heartbeat.queues.cleanup`: a single-use queue (a monitor's) is
+deleted, and a queue whose name comes back (a worker's mailbox, the RPC backend's) is
+left as it is, subscribed. It does so:
 
 - at the interpreter's exit (the end of a script, Ctrl-C, ``sys.exit``, SIGTERM where
   the program exits on it), from an ``atexit`` handler;
@@ -20,9 +22,8 @@ backend's) is left as it is, subscribed. It does so:
   handler: a task that had called ``inspect()`` left its reply queue for good.
 
 Only the process that declared a queue removes it: a child forked by a prefork pool
-inherits the parent's channels and its registrations, and must leave the parent's
-queues alone. A process killed outright (SIGKILL) runs neither: docs/monitoring.md says
-what it leaves.
+starts with leftovers of its own, and must leave the parent's queues alone. A process
+killed outright (SIGKILL) runs neither: docs/monitoring.md says what it leaves.
 
 A failure is logged and never raised: the process is leaving anyway, and a queue left
 behind is what happened before.
@@ -30,18 +31,15 @@ behind is what happened before.
 
 from __future__ import annotations
 
-import atexit
-import os
 import threading
 import weakref
-from typing import Any, Protocol
+from typing import Protocol
 
-from celery import signals
 from celery.utils.log import get_logger
 
 from ..monitoring.reply_queues import Delete, ReplyQueueBook
 
-__all__ = ["ChannelWithLeftovers", "Leftovers", "delete_reply_queues", "leftovers"]
+__all__ = ["ChannelWithLeftovers", "Leftovers", "delete_reply_queues"]
 
 logger = get_logger(__name__)
 
@@ -87,20 +85,3 @@ def delete_reply_queues(deletes: dict[str, Delete]) -> None:
             delete()
         except Exception as error:
             logger.warning("Could not delete the reply queue %s: %r", url, error)
-
-
-#: This interpreter's leftovers, removed by the exit handler below.
-leftovers = Leftovers()
-
-
-@atexit.register
-def _remove_leftovers_at_exit() -> None:
-    leftovers.remove(os.getpid())
-
-
-def _remove_leftovers_of_pool_child(**_: Any) -> None:
-    """Celery sends this in a prefork pool child that leaves: the child's own go."""
-    leftovers.remove(os.getpid())
-
-
-signals.worker_process_shutdown.connect(_remove_leftovers_of_pool_child)

@@ -30,7 +30,7 @@ from vine import promise
 
 from ..aws.sqs_facts import is_fifo
 from ..compat import SQSChannel, call_soon_waking
-from ..monitoring import metrics
+from ..process import this_process
 from .gate import ReceiveGate
 from .prefetch import PrefetchRoom, full_call_room
 from .redelivery import mark_redelivered
@@ -262,7 +262,7 @@ class ReceivingChannel(SQSChannel):
         return response
 
     def _receive_failed(self, queue_name: str, failure: ReceiveFailure) -> None:
-        metrics.record_receive_error(failure.code)
+        this_process().metrics.record_receive_error(failure.code)
         if failure.fatal and not ends_worker(failure, queue_name):
             logger.warning(
                 "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "

@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError
 from celery import Celery, chord, group
 
 from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
+from celery_sqs_heartbeat.aws.clients import MAX_PUBLISH_CALLS_IN_FLIGHT
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE
-from celery_sqs_heartbeat.aws.sqs_queue import MAX_PUBLISH_CALLS_IN_FLIGHT
 from tests.integration.harness import REPO, Bed, report, tally, wait_for, worker
 from tests.integration.test_fifo import fifo_queue, in_order_one_at_a_time, queue_counts
 from tests.integration.test_large_payloads import LARGE, new_bucket, objects

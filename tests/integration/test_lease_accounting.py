@@ -32,7 +32,8 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.asynchronous import Hub, set_event_loop
 
-from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager, shared_manager
+from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
+from celery_sqs_heartbeat.process import this_process
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 MESSAGES = 12
@@ -212,7 +213,7 @@ def consume(run: Run, also: Callable[[Any, Any], None] | None = None) -> None:
 
 
 def ack_and_check(run: Run) -> None:
-    manager = shared_manager()
+    manager = this_process().manager
     for message in run.delivered:
         if not message.acknowledged:
             message.ack()

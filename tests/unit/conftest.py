@@ -9,7 +9,7 @@ import botocore.session
 import pytest
 from botocore.client import BaseClient
 
-from celery_sqs_heartbeat import signals
+from celery_sqs_heartbeat import process, signals
 from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy
 
@@ -127,6 +127,18 @@ def manager(
     instance = manager_module.VisibilityExtensionManager(clock=clock)
     monkeypatch.setattr(instance, "_ensure_thread", lambda: None)
     return instance
+
+
+@pytest.fixture
+def process_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[process.ProcessState]:
+    """A state of the test's own as ``this_process()``'s, so that nothing one test leaves
+    (objects to delete, counters, a manager) is another's; the process's own comes back
+    after. A manager made meanwhile is stopped, its thread with it."""
+    state = process.ProcessState()
+    monkeypatch.setattr(process, "_state", state)
+    yield state
+    if state._manager is not None:
+        state._manager.stop(0)
 
 
 def _tap(signal: Any) -> Iterator[list[dict[str, Any]]]:

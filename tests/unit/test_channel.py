@@ -23,13 +23,13 @@ from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
 
-from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
 from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
 from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.payloads import channel as payload_channel
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
+from celery_sqs_heartbeat.process import ProcessState, this_process
 from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.transport import Channel
 from tests.unit.conftest import FakeClock
@@ -207,7 +207,8 @@ def test_renewals_after_a_reconnect_go_through_the_live_connections_client(
     second, _ = open_channel()
     receive(second, sqs_message(second, "next"))
 
-    assert lease.queue._client_source() is second.sqs(queue="jobs")  # type: ignore[attr-defined]
+    live = this_process().clients.renewal(second.sqs(queue="jobs"))
+    assert lease.queue._client_source() is live  # type: ignore[attr-defined]
 
 
 class PreforkPool:
@@ -586,27 +587,29 @@ def test_a_parked_task_read_from_s3_is_copied_with_its_pointer_and_keeps_its_obj
     sqs: FakeSQS,
     manager: VisibilityExtensionManager,
     clock: FakeClock,
+    process_state: ProcessState,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 31, item 8: a parked task received again on a queue with a dead-letter queue
     was copied with the body read from S3, which may be over SQS's limit, and its object
     went with the original's delete."""
     sqs.redrive_policy = True
+    objects_deleted: list[Lease] = []
+    # Before the queue's lease target is made: it is told of deletes through this.
+    monkeypatch.setattr(
+        process_state.s3_cleanup, "deleted", lambda _, leases: objects_deleted.extend(leases)
+    )
     channel, _ = open_channel(large_payload_bucket="tasks")
     message = sqs_message(channel, "again", eta_in=3600, receive_count=2)
     full_body, pointer = message["Body"], S3Pointer("tasks", "k-1").body()
     message["Body"] = pointer
     monkeypatch.setattr(payload_channel, "_read", lambda *_: full_body)
-    objects_deleted: list[Lease] = []
     monkeypatch.setattr(SQSQueue, "delete", REAL_DELETE)
 
     def all_ok(_: SQSQueue, operation: str, leases: Any, request: Any) -> Any:
         return dict.fromkeys(leases, (EntryResult.OK, ""))
 
     monkeypatch.setattr(SQSQueue, "_batch_call", all_ok)
-    monkeypatch.setattr(
-        sqs_module, "delete_objects_of", lambda _, leases: objects_deleted.extend(leases)
-    )
 
     answers = iter([{"Messages": [message]}])
     monkeypatch.setattr(channel.sqs(queue="jobs"), "receive_message", lambda **_: next(answers, {}))

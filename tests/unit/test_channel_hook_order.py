@@ -31,8 +31,8 @@ from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import EntryResult
 from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.monitoring import prometheus
+from celery_sqs_heartbeat.process import ProcessState
 from celery_sqs_heartbeat.publishing.scope import publishing_in_batches
-from celery_sqs_heartbeat.queues.exit_cleanup import leftovers
 from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.startup import checks as startup
 from celery_sqs_heartbeat.startup.checks import NoCredentialsFound, QueueNotFound
@@ -257,8 +257,11 @@ def _handles(leases: Iterable[Any]) -> str:
 
 
 @pytest.fixture
-def noted_leftovers(timeline: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def noted_leftovers(
+    process_state: ProcessState, timeline: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a declare leaves for the process's exit, noted instead of kept."""
+    leftovers = process_state.leftovers
 
     def add_channel(channel: Any, pid: int) -> None:
         timeline.append("leftovers.add_channel")

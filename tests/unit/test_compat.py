@@ -21,8 +21,8 @@ from botocore.stub import Stubber
 from kombu.asynchronous import Hub
 from vine import promise
 
-from celery_sqs_heartbeat.aws.sqs_queue import receive_client
 from celery_sqs_heartbeat.compat import LoopWaker, SQSChannel, call_soon_waking
+from celery_sqs_heartbeat.process import this_process
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
 REQUEST = {
@@ -126,11 +126,10 @@ class FakeChannel:
         return self.client
 
 
-
 @pytest.fixture
 def stub(source: BaseClient) -> Iterator[Stubber]:
     """The receive goes out on the derived receive client: one attempt, no retries."""
-    with Stubber(receive_client(source)) as stubber:
+    with Stubber(this_process().clients.receive(source)) as stubber:
         yield stubber
         stubber.assert_no_pending_responses()
 

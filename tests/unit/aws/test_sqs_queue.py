@@ -1,12 +1,13 @@
 """The SQS layer: one ChangeMessageVisibilityBatch call, every outcome an EntryResult.
 
-A real botocore client with a ``Stubber`` on the derived renewal client: no network.
+A real botocore client with a ``Stubber`` on the process's renewal client derived from
+it (:class:`~celery_sqs_heartbeat.aws.clients.DerivedClients`), the client a queue's
+calls go through in a worker: no network.
 Network faults are raised from botocore's ``before-send`` hook, where a real one would be.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,14 +18,9 @@ from botocore.config import Config
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 from botocore.stub import Stubber
 
-from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
-from celery_sqs_heartbeat.aws.sqs_queue import (
-    POOL_CONNECTIONS,
-    SQSQueue,
-    receive_client,
-    renewal_client,
-)
+from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
+from celery_sqs_heartbeat.process import this_process
 from tests.unit.conftest import BEYOND_THE_LIMIT, EXPIRED_HANDLE, make_lease
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
@@ -52,6 +48,11 @@ def source() -> BaseClient:
     return sqs_client()
 
 
+def renewal_client(source: BaseClient) -> BaseClient:
+    """The client renewals of ``source``'s queues go through in this process."""
+    return this_process().clients.renewal(source)
+
+
 @pytest.fixture
 def stub(source: BaseClient) -> Iterator[Stubber]:
     """The stubber of the client renewals actually go through."""
@@ -62,7 +63,8 @@ def stub(source: BaseClient) -> Iterator[Stubber]:
 
 @pytest.fixture
 def sqs_queue(source: BaseClient) -> SQSQueue:
-    return SQSQueue("jobs", QUEUE_URL, lambda: source)
+    """The queue as the process's lease targets make it: calls on the renewal client."""
+    return SQSQueue("jobs", QUEUE_URL, lambda: renewal_client(source))
 
 
 def leases(count: int) -> list[Lease]:
@@ -345,102 +347,7 @@ def test_a_network_fault_is_transient_never_raised_and_not_retried(
     assert len(attempts) == 1
 
 
-# --- the renewal client ---------------------------------------------------------------------
-
-
-def test_the_renewal_client_fails_fast_has_a_connection_per_call_and_keeps_the_rest() -> None:
-    source = sqs_client(
-        region_name="eu-west-1",
-        endpoint_url="http://localhost:9324",
-        config=Config(
-            connect_timeout=60,
-            read_timeout=60,
-            retries={"max_attempts": 10, "mode": "standard"},
-            max_pool_connections=3,
-        ),
-    )
-
-    derived = renewal_client(source)
-
-    assert derived is not source
-    assert derived.meta.config.connect_timeout == 5
-    assert derived.meta.config.read_timeout == 5
-    assert derived.meta.config.retries["total_max_attempts"] == 1
-    # Room for every renewal, delete and release the manager may have on the wire at once.
-    assert derived.meta.config.max_pool_connections == POOL_CONNECTIONS
-    assert derived.meta.region_name == "eu-west-1"
-    assert derived.meta.endpoint_url == "http://localhost:9324"
-
-
-def test_the_renewal_client_shares_the_source_credentials_object(source: BaseClient) -> None:
-    derived = renewal_client(source)
-
-    assert derived._request_signer._credentials is source._request_signer._credentials
-
-
-def test_renewals_are_signed_with_the_source_credentials() -> None:
-    source = sqs_client(access_key="AKIDFROMSOURCE")
-    sent: list[Any] = []
-
-    def capture(request: Any, **_: Any) -> None:
-        sent.append(request)
-        raise EndpointConnectionError(endpoint_url=QUEUE_URL)
-
-    renewal_client(source).meta.events.register(BEFORE_SEND, capture)
-
-    SQSQueue("jobs", QUEUE_URL, lambda: source).change_visibility([(leases(1)[0], 30)])
-
-    (request,) = sent
-    authorization = request.headers["Authorization"]
-    if isinstance(authorization, bytes):
-        authorization = authorization.decode()
-    assert "Credential=AKIDFROMSOURCE/" in authorization
-
-
-def test_the_renewal_client_is_made_once_per_source() -> None:
-    first, second = sqs_client(), sqs_client()
-
-    assert renewal_client(first) is renewal_client(first)
-    assert renewal_client(first) is not renewal_client(second)
-
-
-def test_calls_starting_side_by_side_on_a_new_queue_share_one_renewal_client() -> None:
-    """The first deletes of a busy worker start together, each on a thread of its own."""
-    source = sqs_client()
-    start_together = threading.Barrier(6)
-    got: list[BaseClient] = []
-
-    def first_call() -> None:
-        start_together.wait()
-        got.append(renewal_client(source))
-
-    threads = [threading.Thread(target=first_call) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert len(got) == 6
-    assert all(client is got[0] for client in got)
-
-
-def test_the_receive_client_makes_one_attempt_and_outwaits_the_longest_long_poll() -> None:
-    source = sqs_client(
-        endpoint_url="http://localhost:9324",
-        config=Config(read_timeout=10, retries={"max_attempts": 10}, max_pool_connections=3),
-    )
-
-    derived = receive_client(source)
-
-    assert derived is not source
-    assert derived is not renewal_client(source)
-    assert derived is receive_client(source)
-    assert derived.meta.config.retries["total_max_attempts"] == 1
-    # SQS holds a long poll for 20 s at most.
-    assert derived.meta.config.read_timeout > 20
-    assert derived.meta.config.max_pool_connections == 3
-    assert derived.meta.endpoint_url == "http://localhost:9324"
-    assert derived._request_signer._credentials is source._request_signer._credentials
+# --- the client source -----------------------------------------------------------------------
 
 
 def test_the_client_source_is_asked_on_every_call() -> None:
@@ -450,7 +357,7 @@ def test_the_client_source_is_asked_on_every_call() -> None:
     (lease,) = leases(1)
     ok = {"Successful": [{"Id": "0"}], "Failed": []}
 
-    with Stubber(renewal_client(old)) as old_stub, Stubber(renewal_client(new)) as new_stub:
+    with Stubber(old) as old_stub, Stubber(new) as new_stub:
         old_stub.add_response(OPERATION, ok)
         new_stub.add_response(OPERATION, ok)
         sqs_queue.change_visibility([(lease, 30)])
@@ -504,7 +411,7 @@ def test_a_failed_delete_call_is_transient_for_every_entry(
 
 
 def test_the_objects_of_a_delete_by_a_lease_that_ran_out_stay(
-    stub: Stubber, sqs_queue: SQSQueue, monkeypatch: pytest.MonkeyPatch
+    stub: Stubber, source: BaseClient
 ) -> None:
     """SQS answers a delete by an expired receipt handle with success and deletes nothing:
     the message comes back and needs its body (found by the crossing suite: an ack in an
@@ -512,7 +419,7 @@ def test_the_objects_of_a_delete_by_a_lease_that_ran_out_stay(
     held, ran_out = leases(2)
     ran_out.lost = True
     deleting: list[list[Lease]] = []
-    monkeypatch.setattr(sqs_module, "delete_objects_of", lambda _, found: deleting.append(found))
+    sqs_queue = SQSQueue("jobs", QUEUE_URL, lambda: renewal_client(source), deleting.append)
     both_deleted = {"Successful": [{"Id": "0"}, {"Id": "1"}], "Failed": []}
     stub.add_response("delete_message_batch", both_deleted)
 

@@ -11,8 +11,8 @@ from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_MAX_MESSAGE_SIZE
-from celery_sqs_heartbeat.aws.sqs_queue import MAX_PUBLISH_CALLS_IN_FLIGHT, publish_client
-from celery_sqs_heartbeat.aws.sqs_send import queue_message_limit, send_message_batch
+from celery_sqs_heartbeat.aws.sqs_send import MessageLimits, send_message_batch
+from celery_sqs_heartbeat.process import this_process
 from celery_sqs_heartbeat.publishing.book import SendOutcome
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs.fifo"
@@ -26,9 +26,15 @@ ENTRIES = [
 
 
 @pytest.fixture
-def stub(source: BaseClient) -> Iterator[Stubber]:
+def publish(source: BaseClient) -> BaseClient:
+    """The client the sends actually go through: the process's publish client of ``source``."""
+    return this_process().clients.publish(source)
+
+
+@pytest.fixture
+def stub(publish: BaseClient) -> Iterator[Stubber]:
     """The stubber of the client the sends actually go through."""
-    with Stubber(publish_client(source)) as stubber:
+    with Stubber(publish) as stubber:
         yield stubber
         stubber.assert_no_pending_responses()
 
@@ -49,17 +55,17 @@ def failed(entry_id: str, code: str, sender_fault: bool) -> dict[str, Any]:
 
 
 def test_every_entry_goes_in_one_call_with_ids_by_place_and_its_fifo_ids(
-    source: BaseClient, stub: Stubber
+    publish: BaseClient, stub: Stubber
 ) -> None:
     stub.add_response(
         OPERATION, {"Successful": [ok("0"), ok("1"), ok("2")], "Failed": []}, request()
     )
-    results = send_message_batch(source, QUEUE_URL, ENTRIES)
+    results = send_message_batch(publish, QUEUE_URL, ENTRIES)
     assert results == dict.fromkeys(range(3), (SendOutcome.SENT, ""))
 
 
 def test_each_failed_entry_is_retried_unless_its_code_refuses_the_message_for_good(
-    source: BaseClient, stub: Stubber
+    publish: BaseClient, stub: Stubber
 ) -> None:
     answer = {
         "Successful": [],
@@ -70,7 +76,7 @@ def test_each_failed_entry_is_retried_unless_its_code_refuses_the_message_for_go
         ],
     }
     stub.add_response(OPERATION, answer, request())
-    results = send_message_batch(source, QUEUE_URL, ENTRIES)
+    results = send_message_batch(publish, QUEUE_URL, ENTRIES)
     assert results == {
         0: (SendOutcome.RETRY, "InternalError: why"),
         1: (SendOutcome.RETRY, "RequestThrottled: why"),
@@ -79,10 +85,10 @@ def test_each_failed_entry_is_retried_unless_its_code_refuses_the_message_for_go
 
 
 def test_an_entry_in_no_list_is_left_for_the_book_to_retry(
-    source: BaseClient, stub: Stubber
+    publish: BaseClient, stub: Stubber
 ) -> None:
     stub.add_response(OPERATION, {"Successful": [ok("0")], "Failed": []}, request())
-    assert send_message_batch(source, QUEUE_URL, ENTRIES) == {0: (SendOutcome.SENT, "")}
+    assert send_message_batch(publish, QUEUE_URL, ENTRIES) == {0: (SendOutcome.SENT, "")}
 
 
 @pytest.mark.parametrize(
@@ -98,16 +104,16 @@ def test_an_entry_in_no_list_is_left_for_the_book_to_retry(
     ],
 )
 def test_a_call_refused_whole_gives_each_entry_the_call_s_outcome(
-    source: BaseClient, stub: Stubber, code: str, status: int, outcome: SendOutcome
+    publish: BaseClient, stub: Stubber, code: str, status: int, outcome: SendOutcome
 ) -> None:
     stub.add_client_error(OPERATION, code, "no", status, expected_params=request())
-    results = send_message_batch(source, QUEUE_URL, ENTRIES)
+    results = send_message_batch(publish, QUEUE_URL, ENTRIES)
     assert {kind for kind, _ in results.values()} == {outcome}
     assert set(results) == {0, 1, 2}
 
 
 def test_a_network_fault_is_a_retry_for_every_entry_never_raised_and_tried_once(
-    source: BaseClient,
+    publish: BaseClient,
 ) -> None:
     attempts: list[Any] = []
 
@@ -115,24 +121,14 @@ def test_a_network_fault_is_a_retry_for_every_entry_never_raised_and_tried_once(
         attempts.append(request)
         raise EndpointConnectionError(endpoint_url=QUEUE_URL)
 
-    events = publish_client(source).meta.events
+    events = publish.meta.events
     events.register("before-send.sqs.SendMessageBatch", fail, unique_id="network-fault")
     try:
-        results = send_message_batch(source, QUEUE_URL, ENTRIES)
+        results = send_message_batch(publish, QUEUE_URL, ENTRIES)
     finally:
         events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
     assert {kind for kind, _ in results.values()} == {SendOutcome.RETRY}
     assert len(results) == 3 and len(attempts) == 1
-
-
-def test_the_publish_client_has_a_connection_per_call_in_flight_and_the_source_s_credentials(
-    source: BaseClient,
-) -> None:
-    client = publish_client(source)
-    assert client is publish_client(source)
-    assert client.meta.config.max_pool_connections >= MAX_PUBLISH_CALLS_IN_FLIGHT
-    assert client.meta.config.retries["total_max_attempts"] == 1
-    assert client._request_signer._credentials is source._request_signer._credentials
 
 
 def request_of(*indexes: int) -> dict[str, Any]:
@@ -148,7 +144,7 @@ def request_of(*indexes: int) -> dict[str, Any]:
     "code", ["InvalidParameterValue", "AWS.SimpleQueueService.BatchRequestTooLong"]
 )
 def test_a_call_refused_whole_for_one_entry_is_split_until_only_that_entry_is_refused(
-    source: BaseClient, stub: Stubber, code: str
+    publish: BaseClient, stub: Stubber, code: str
 ) -> None:
     """Issue 31, 5: SQS names no entry when one message is too long for the queue; the
     others of its call are not to blame, and go in halves until the culprit is alone."""
@@ -157,7 +153,7 @@ def test_a_call_refused_whole_for_one_entry_is_split_until_only_that_entry_is_re
     stub.add_client_error(OPERATION, code, "too long", 400, expected_params=request_of(1, 2))
     stub.add_response(OPERATION, {"Successful": [ok("0")], "Failed": []}, request_of(1))
     stub.add_client_error(OPERATION, code, "too long", 400, expected_params=request_of(2))
-    results = send_message_batch(source, QUEUE_URL, ENTRIES)
+    results = send_message_batch(publish, QUEUE_URL, ENTRIES)
     assert results == {
         0: (SendOutcome.SENT, ""),
         1: (SendOutcome.SENT, ""),
@@ -166,20 +162,20 @@ def test_a_call_refused_whole_for_one_entry_is_split_until_only_that_entry_is_re
 
 
 def test_a_split_call_sends_its_second_half_only_once_the_first_needs_no_retry(
-    source: BaseClient, stub: Stubber
+    publish: BaseClient, stub: Stubber
 ) -> None:
     """The entries of a FIFO group go in order: a later half never overtakes an earlier
     entry that SQS failed for now. Left unanswered, the book retries it in its place."""
     stub.add_client_error(OPERATION, "InvalidParameterValue", "no", 400, expected_params=request())
     failed_now = {"Successful": [], "Failed": [failed("0", "InternalError", sender_fault=False)]}
     stub.add_response(OPERATION, failed_now, request_of(0))
-    assert send_message_batch(source, QUEUE_URL, ENTRIES) == {
+    assert send_message_batch(publish, QUEUE_URL, ENTRIES) == {
         0: (SendOutcome.RETRY, "InternalError: why")
     }
 
 
 def test_the_queue_s_maximum_message_size_is_read_once_and_its_default_when_unreadable(
-    source: BaseClient, stub: Stubber
+    publish: BaseClient, stub: Stubber
 ) -> None:
     readable, unreadable = f"{QUEUE_URL}-256", f"{QUEUE_URL}-denied"
     stub.add_response(
@@ -188,7 +184,8 @@ def test_the_queue_s_maximum_message_size_is_read_once_and_its_default_when_unre
         {"QueueUrl": readable, "AttributeNames": ["MaximumMessageSize"]},
     )
     stub.add_client_error("get_queue_attributes", "AccessDenied", "no", 403)
-    assert queue_message_limit(source, readable) == 262_144
-    assert queue_message_limit(source, readable) == 262_144
-    assert queue_message_limit(source, unreadable) == SQS_MAX_MESSAGE_SIZE
-    assert queue_message_limit(source, unreadable) == SQS_MAX_MESSAGE_SIZE
+    limits = MessageLimits()
+    assert limits.of(publish, readable) == 262_144
+    assert limits.of(publish, readable) == 262_144
+    assert limits.of(publish, unreadable) == SQS_MAX_MESSAGE_SIZE
+    assert limits.of(publish, unreadable) == SQS_MAX_MESSAGE_SIZE

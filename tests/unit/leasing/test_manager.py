@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from typing import Any
 
 import pytest
 
 from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
-from celery_sqs_heartbeat.aws.sqs_queue import MAX_CALLS_IN_FLIGHT
+from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT
 from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.leasing.manager import (
     BATCHES_PER_HOLD,
     LeaseStatus,
     VisibilityExtensionManager,
-    shared_manager,
 )
 from celery_sqs_heartbeat.leasing.reporting import SUMMARY_INTERVAL
-from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics, process_metrics
+from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
+from celery_sqs_heartbeat.process import ProcessState
 from tests.unit.conftest import BEYOND_THE_LIMIT, FakeClock, FakeQueue, make_lease
 
 MANAGER_LOGGER = "celery_sqs_heartbeat.leasing.manager"
@@ -956,44 +955,6 @@ def test_a_queue_whose_call_raises_does_not_stop_other_queues_renewals(
 # --- the thread and the process -----------------------------------------------------------
 
 
-def test_shared_manager_is_one_per_process_and_fresh_after_fork(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(manager_module, "_shared", None)
-    monkeypatch.setattr(manager_module, "_shared_lock", manager_module._shared_lock)
-
-    first = shared_manager()
-    assert shared_manager() is first
-
-    manager_module._forget_shared_manager()  # what the child runs after a fork
-    fresh = shared_manager()
-
-    assert fresh is not first
-    assert shared_manager() is fresh
-    assert len(fresh) == 0
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_does_not_inherit_the_shared_manager(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(manager_module, "_shared", None)
-    monkeypatch.setattr(manager_module, "_shared_lock", manager_module._shared_lock)
-    parent = shared_manager()
-
-    pid = os.fork()
-    if pid == 0:  # the child: report through the exit status, never back into pytest
-        code = 2
-        try:
-            code = 0 if shared_manager() is not parent else 1
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert shared_manager() is parent
-
-
 def test_the_thread_starts_at_the_first_track_not_before(queue: FakeQueue) -> None:
     manager = VisibilityExtensionManager(clock=FakeClock())
     assert manager._loop._thread is None
@@ -1046,10 +1007,12 @@ def counted(
     return instance
 
 
-def test_a_manager_counts_into_the_process_counters_by_default() -> None:
-    manager = VisibilityExtensionManager(clock=FakeClock())
+def test_the_process_manager_counts_into_the_process_counters(
+    process_state: ProcessState,
+) -> None:
+    manager = process_state.manager
 
-    assert manager._report.metrics is process_metrics()
+    assert manager._report.metrics is process_state.metrics
 
 
 def test_each_renewal_call_is_counted_with_its_entries_and_their_margins(

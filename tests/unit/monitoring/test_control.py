@@ -7,13 +7,10 @@ import json
 import pytest
 from celery.worker.control import Panel
 
-from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
-from celery_sqs_heartbeat.monitoring import (
-    control,
-    metrics,
-)
+from celery_sqs_heartbeat.monitoring import control
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
+from celery_sqs_heartbeat.process import ProcessState
 from tests.unit.conftest import FakeClock, FakeQueue, make_lease
 
 
@@ -77,9 +74,11 @@ def test_lease_listing_rounds_times_to_the_millisecond(
 
 
 def test_sqs_leases_answers_with_the_shared_managers_leases(
-    leases_manager: VisibilityExtensionManager, monkeypatch: pytest.MonkeyPatch
+    leases_manager: VisibilityExtensionManager,
+    process_state: ProcessState,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(manager_module, "_shared", leases_manager)
+    monkeypatch.setattr(process_state, "_manager", leases_manager)
 
     reply = control.sqs_leases(state=None)
 
@@ -87,25 +86,23 @@ def test_sqs_leases_answers_with_the_shared_managers_leases(
 
 
 def test_sqs_leases_of_a_worker_without_leases_is_an_empty_list(
-    monkeypatch: pytest.MonkeyPatch,
+    process_state: ProcessState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     idle = VisibilityExtensionManager(clock=FakeClock(), metrics=LeaseMetrics())
-    monkeypatch.setattr(manager_module, "_shared", idle)
+    monkeypatch.setattr(process_state, "_manager", idle)
 
     assert control.sqs_leases(state=None) == []
 
 
-def test_sqs_lease_stats_answers_with_the_process_counters_as_json() -> None:
-    counters = metrics.process_metrics()
-    counters.reset()
-    try:
-        counters.record_renewal_call(3)
-        counters.record_renewal_margin(4.0)
-        counters.record_receive_error("InternalError")
+def test_sqs_lease_stats_answers_with_the_process_counters_as_json(
+    process_state: ProcessState,
+) -> None:
+    counters = process_state.metrics
+    counters.record_renewal_call(3)
+    counters.record_renewal_margin(4.0)
+    counters.record_receive_error("InternalError")
 
-        reply = control.sqs_lease_stats(state=None)
-    finally:
-        counters.reset()
+    reply = control.sqs_lease_stats(state=None)
 
     assert json.loads(json.dumps(reply)) == reply
     assert reply["renewal_calls"] == 1
@@ -114,6 +111,7 @@ def test_sqs_lease_stats_answers_with_the_process_counters_as_json() -> None:
     assert reply["renewal_margin"]["min"] == 4.0
 
 
+@pytest.mark.usefixtures("process_state")
 def test_commands_accept_the_arguments_celery_may_pass() -> None:
     # Celery calls a handler as handler(state, **arguments).
     assert isinstance(control.sqs_leases(None, extra="ignored"), list)

@@ -8,7 +8,6 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import botocore.session
@@ -19,13 +18,13 @@ from botocore.stub import Stubber
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue, renewal_client
+from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import Lease
-from celery_sqs_heartbeat.monitoring import metrics
 from celery_sqs_heartbeat.monitoring import prometheus as prometheus_module
 from celery_sqs_heartbeat.monitoring.metrics import MARGIN_BUCKETS, LeaseMetrics, failure_code
 from celery_sqs_heartbeat.monitoring.prometheus import LeaseMetricsCollector, start_exporter
 from celery_sqs_heartbeat.options import HeartbeatOptions, InvalidTransportOption
+from celery_sqs_heartbeat.process import ProcessState, snapshot, this_process
 from tests.unit.conftest import make_lease
 
 PROMETHEUS_LOGGER = "celery_sqs_heartbeat.monitoring.prometheus"
@@ -37,11 +36,9 @@ def counters() -> LeaseMetrics:
 
 
 @pytest.fixture
-def process_counters() -> Iterator[LeaseMetrics]:
-    """The process-wide counters, zeroed before and after the test."""
-    metrics.process_metrics().reset()
-    yield metrics.process_metrics()
-    metrics.process_metrics().reset()
+def process_counters(process_state: ProcessState) -> LeaseMetrics:
+    """The process-wide counters, of a state of the test's own: zero at the start."""
+    return process_state.metrics
 
 
 # --- recording and snapshots ------------------------------------------------------------------
@@ -327,13 +324,18 @@ def source() -> Any:
     )
 
 
+def renewals_of(source: Any) -> SQSQueue:
+    """The queue as the process's lease targets make it: calls on the renewal client."""
+    return SQSQueue("jobs", QUEUE_URL, lambda: this_process().clients.renewal(source))
+
+
 def two_leases() -> list[tuple[Lease, int]]:
     return [(make_lease("jobs", task_id=f"t{i}", receipt_handle=f"h{i}"), 30) for i in range(2)]
 
 
 def test_failure_codes_of_the_sqs_layers_per_entry_answers(source: Any) -> None:
     entries = two_leases()
-    with Stubber(renewal_client(source)) as stub:
+    with Stubber(this_process().clients.renewal(source)) as stub:
         stub.add_response(
             "change_message_visibility_batch",
             {
@@ -349,7 +351,7 @@ def test_failure_codes_of_the_sqs_layers_per_entry_answers(source: Any) -> None:
                 ],
             },
         )
-        results = SQSQueue("jobs", QUEUE_URL, lambda: source).change_visibility(entries)
+        results = renewals_of(source).change_visibility(entries)
 
     codes = [failure_code(results[lease][1]) for lease, _ in entries]
     assert codes == ["ThrottlingException", "MessageNotInflight"]
@@ -357,9 +359,9 @@ def test_failure_codes_of_the_sqs_layers_per_entry_answers(source: Any) -> None:
 
 def test_failure_codes_of_the_sqs_layers_whole_call_errors(source: Any) -> None:
     entries = two_leases()
-    with Stubber(renewal_client(source)) as stub:
+    with Stubber(this_process().clients.renewal(source)) as stub:
         stub.add_client_error("change_message_visibility_batch", "InternalError", "oops", 500)
-        results = SQSQueue("jobs", QUEUE_URL, lambda: source).change_visibility(entries)
+        results = renewals_of(source).change_visibility(entries)
 
     assert {failure_code(reason) for _, reason in results.values()} == {"InternalError"}
 
@@ -369,10 +371,10 @@ def test_failure_codes_of_the_sqs_layers_network_faults(source: Any) -> None:
         raise ReadTimeoutError(endpoint_url=QUEUE_URL)
 
     event = "before-send.sqs.ChangeMessageVisibilityBatch"
-    events = renewal_client(source).meta.events
+    events = this_process().clients.renewal(source).meta.events
     events.register(event, fail, unique_id="metrics-network-fault")
     try:
-        results = SQSQueue("jobs", QUEUE_URL, lambda: source).change_visibility(two_leases())
+        results = renewals_of(source).change_visibility(two_leases())
     finally:
         events.unregister(event, unique_id="metrics-network-fault")
 
@@ -382,31 +384,31 @@ def test_failure_codes_of_the_sqs_layers_network_faults(source: Any) -> None:
 # --- the process's counters ----------------------------------------------------------------
 
 
-def test_the_module_functions_use_the_process_counters(process_counters: LeaseMetrics) -> None:
-    metrics.record_receive_error("AccessDenied")
+def test_the_snapshot_function_reads_the_process_counters(process_counters: LeaseMetrics) -> None:
+    this_process().metrics.record_receive_error("AccessDenied")
     process_counters.record_renewal_call(1)
 
-    assert metrics.snapshot().receive_errors == {"AccessDenied": 1}
-    assert metrics.snapshot().renewal_calls == 1
+    assert snapshot().receive_errors == {"AccessDenied": 1}
+    assert snapshot().renewal_calls == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_starts_from_zero(process_counters: LeaseMetrics) -> None:
-    metrics.record_receive_error("InternalError")
+    this_process().metrics.record_receive_error("InternalError")
     process_counters.set_leases_held(3)
 
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status, never back into pytest
         code = 2
         try:
-            fresh = metrics.snapshot()
+            fresh = snapshot()
             code = 0 if fresh.receive_errors == {} and fresh.leases_held == 0 else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
 
     assert os.waitstatus_to_exitcode(status) == 0
-    assert metrics.snapshot().receive_errors == {"InternalError": 1}
+    assert snapshot().receive_errors == {"InternalError": 1}
 
 
 # --- the Prometheus collector and exporter -------------------------------------------------

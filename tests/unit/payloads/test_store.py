@@ -13,16 +13,10 @@ from botocore.client import BaseClient
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from celery_sqs_heartbeat.payloads import store as payload_store
 from celery_sqs_heartbeat.payloads.options import LargePayloadOptions, PayloadAccess
 from celery_sqs_heartbeat.payloads.pointers import S3Pointer, pointer_in
-from celery_sqs_heartbeat.payloads.store import (
-    PayloadStore,
-    PayloadUnavailable,
-    _s3_endpoint,
-    delete_objects_of,
-    s3_client,
-)
+from celery_sqs_heartbeat.payloads.store import PayloadStore, PayloadUnavailable
+from celery_sqs_heartbeat.process import ProcessState
 from tests.unit.conftest import make_lease
 
 
@@ -35,9 +29,10 @@ class FakeS3:
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> FakeS3:
+def s3(process_state: ProcessState, monkeypatch: pytest.MonkeyPatch) -> FakeS3:
+    """The S3 client the process derives from any SQS client."""
     fake = FakeS3()
-    monkeypatch.setattr(payload_store, "s3_client", lambda _: fake)
+    monkeypatch.setattr(process_state.clients, "s3", lambda _: fake)
     return fake
 
 
@@ -72,65 +67,11 @@ def test_always_offloads_even_a_tiny_body(s3: FakeS3) -> None:
     assert params["MessageAttributes"]["ExtendedPayloadSize"]["StringValue"] == "2"
 
 
-@pytest.mark.parametrize(
-    ("sqs_endpoint", "s3_endpoint"),
-    [
-        ("https://sqs.us-east-1.amazonaws.com", None),
-        ("https://sqs.cn-north-1.amazonaws.com.cn", None),
-        ("http://127.0.0.1:4566", "http://127.0.0.1:4566"),
-        ("http://localstack:4566", "http://localstack:4566"),
-        (None, None),
-    ],
-)
-def test_s3_is_asked_at_aws_behind_aws_and_at_a_local_stack_s_endpoint(
-    sqs_endpoint: str | None, s3_endpoint: str | None
-) -> None:
-    assert _s3_endpoint(sqs_endpoint) == s3_endpoint
-
-
 def test_without_a_bucket_nothing_is_offloaded(s3: FakeS3) -> None:
     params = {"MessageBody": "x" * 2_000_000}
     PayloadStore(None).offload(object(), params)  # type: ignore[arg-type]
     assert params == {"MessageBody": "x" * 2_000_000}
     assert s3.puts == []
-
-
-class SlowS3:
-    """An S3 whose DeleteObjects answers only when told to."""
-
-    def __init__(self) -> None:
-        self.called = threading.Event()
-        self.answer = threading.Event()
-        self.deleted = threading.Event()
-        self.keys: list[str] = []
-
-    def delete_objects(self, **request: Any) -> dict[str, Any]:
-        self.called.set()
-        self.answer.wait(30)
-        self.keys += [entry["Key"] for entry in request["Delete"]["Objects"]]
-        self.deleted.set()
-        return {}
-
-
-def test_the_objects_of_deleted_messages_go_without_holding_the_sqs_delete(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Issue 24, item 9: the DeleteObjects call ran inside the SQS delete's call slot, so
-    a slow S3 held the slots SQS's deletes need."""
-    s3 = SlowS3()
-    monkeypatch.setattr(payload_store, "s3_client", lambda _: s3)
-    lease = make_lease("jobs")
-    PayloadStore(LargePayloadOptions("tasks")).remember(lease, S3Pointer("tasks", "k-1"))
-
-    deleting = threading.Thread(target=delete_objects_of, args=(lambda: object(), [lease]))
-    deleting.start()
-    deleting.join(5)
-    returned_at_once = not deleting.is_alive()
-    s3.answer.set()
-
-    assert returned_at_once
-    assert s3.deleted.wait(5)
-    assert s3.keys == ["k-1"]
 
 
 #: A queue of AWS's: its URL names the account that owns the app's buckets.
@@ -152,8 +93,8 @@ class Stream(io.BytesIO):
 class S3Calls:
     """A real botocore S3 client, stubbed: the calls' parameters as made, and answers."""
 
-    def __init__(self, sqs: BaseClient) -> None:
-        self.s3 = s3_client(sqs)
+    def __init__(self, state: ProcessState, sqs: BaseClient) -> None:
+        self.s3 = state.clients.s3(sqs)
         self.stub = Stubber(self.s3)
         self.made: list[tuple[str, dict[str, Any]]] = []
         self.deleted = threading.Event()
@@ -180,8 +121,8 @@ def aws_sqs() -> BaseClient:
 
 
 @pytest.fixture
-def calls(aws_sqs: BaseClient) -> Iterator[S3Calls]:
-    made = S3Calls(aws_sqs)
+def calls(process_state: ProcessState, aws_sqs: BaseClient) -> Iterator[S3Calls]:
+    made = S3Calls(process_state, aws_sqs)
     with made.stub:
         yield made
 
@@ -221,7 +162,7 @@ def test_an_object_over_the_limit_is_not_read(
 
 
 def test_every_s3_call_names_the_bucket_owner_and_puts_are_encrypted(
-    aws_sqs: BaseClient, calls: S3Calls
+    process_state: ProcessState, aws_sqs: BaseClient, calls: S3Calls
 ) -> None:
     """Issue 32, item 2: the owner is the account in the AWS queue's URL."""
     options = LargePayloadOptions("payloads", threshold=0, sse="aws:kms", kms_key_id="alias/t")
@@ -236,7 +177,7 @@ def test_every_s3_call_names_the_bucket_owner_and_puts_are_encrypted(
     lease = make_lease("jobs")
     store.remember(lease, pointer, queue_url=AWS_QUEUE)
     calls.stub.add_response("delete_objects", {})
-    delete_objects_of(lambda: aws_sqs, [lease])
+    process_state.s3_cleanup.deleted(lambda: aws_sqs, [lease])
     assert calls.deleted.wait(5)
     assert [(name, made.get("ExpectedBucketOwner")) for name, made in calls.made] == [
         ("PutObject", OWNER),

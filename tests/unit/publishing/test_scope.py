@@ -24,15 +24,10 @@ from botocore.client import BaseClient
 from botocore.stub import ANY, Stubber
 from kombu import Connection
 
-from celery_sqs_heartbeat.aws.sqs_queue import publish_client
-from celery_sqs_heartbeat.payloads.store import s3_client
+from celery_sqs_heartbeat.process import this_process
 from celery_sqs_heartbeat.publishing.book import Unsent
-from celery_sqs_heartbeat.publishing.scope import (
-    SendTarget,
-    active_publisher,
-    publisher,
-    publishing_in_batches,
-)
+from celery_sqs_heartbeat.publishing.publisher import BatchPublisher, SendTarget
+from celery_sqs_heartbeat.publishing.scope import active_publisher, publishing_in_batches
 
 URL = "http://127.0.0.1:9/123456789012/jobs.fifo"
 PREDEFINED_URL = "http://127.0.0.1:9/123456789012/jobs"
@@ -41,6 +36,11 @@ GUARD = 10
 pytestmark = pytest.mark.filterwarnings(
     "ignore:This process .* is multi-threaded:DeprecationWarning"
 )
+
+
+def publisher() -> BatchPublisher:
+    """The process's batch publisher, the one every scope of the process publishes to."""
+    return this_process().publisher
 
 
 def new_client() -> BaseClient:
@@ -69,7 +69,7 @@ def producers() -> Iterator[Producers]:
 
     for _ in range(2):
         client = new_client()
-        sender = publish_client(client)
+        sender = this_process().clients.publish(client)
         sender.meta.events.register("before-parameter-build.sqs.SendMessageBatch", note)
         stub = Stubber(sender)
         stub.activate()
@@ -271,7 +271,8 @@ def test_a_batched_body_put_in_s3_names_the_queue_s_account_as_the_bucket_owner(
     )
     channel = connection.channel()
     client = channel.sqs(queue="jobs")
-    sqs_stub, s3_stub = Stubber(publish_client(client)), Stubber(s3_client(client))
+    clients = this_process().clients
+    sqs_stub, s3_stub = Stubber(clients.publish(client)), Stubber(clients.s3(client))
     sqs_stub.add_response("get_queue_attributes", {"Attributes": {"MaximumMessageSize": "1048576"}})
     s3_stub.add_response(
         "put_object",

@@ -9,7 +9,8 @@ import os
 import pytest
 from celery import signals
 
-from celery_sqs_heartbeat.queues.exit_cleanup import Leftovers, delete_reply_queues, leftovers
+from celery_sqs_heartbeat.process import ProcessState
+from celery_sqs_heartbeat.queues.exit_cleanup import Leftovers, delete_reply_queues
 
 PARENT, CHILD = 100, 101
 
@@ -85,10 +86,11 @@ def test_a_channel_that_fails_its_removal_is_logged_and_the_others_still_remove(
     assert "Could not remove the queues" in caplog.text
 
 
-def test_a_pool_child_removes_its_reply_queues_as_it_leaves() -> None:
+def test_a_pool_child_removes_its_reply_queues_as_it_leaves(process_state: ProcessState) -> None:
     """billiard ends a pool child with ``os._exit``, which runs no exit handler; Celery
     sends ``worker_process_shutdown`` in the child just before."""
     deleted: list[str] = []
+    leftovers = process_state.leftovers
     leftovers.reply_queues.used("url-child", lambda: deleted.append("url-child"), os.getpid(), 0.0)
     try:
         signals.worker_process_shutdown.send(sender="w1@host", pid=os.getpid(), exitcode=0)

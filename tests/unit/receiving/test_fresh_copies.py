@@ -9,8 +9,7 @@ import pytest
 from botocore.client import BaseClient
 from botocore.stub import Stubber
 
-from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
-from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue, renewal_client
+from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import Lease
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from tests.unit.conftest import make_lease
@@ -21,14 +20,21 @@ MARK = {SIZE_ATTRIBUTE: {"DataType": "Number", "StringValue": "300000"}}
 
 @pytest.fixture
 def stub(source: BaseClient) -> Iterator[Stubber]:
-    with Stubber(renewal_client(source)) as stubber:
+    with Stubber(source) as stubber:
         yield stubber
         stubber.assert_no_pending_responses()
 
 
 @pytest.fixture
-def sqs_queue(source: BaseClient) -> SQSQueue:
-    return SQSQueue("jobs", QUEUE_URL, lambda: source)
+def deleting() -> list[list[Lease]]:
+    """The leases whose messages' objects the queue was told to delete, by call."""
+    return []
+
+
+@pytest.fixture
+def sqs_queue(source: BaseClient, deleting: list[list[Lease]]) -> SQSQueue:
+    """The queue, calling ``source`` itself (the renewal client it is given)."""
+    return SQSQueue("jobs", QUEUE_URL, lambda: source, deleting.append)
 
 
 def test_a_copy_goes_out_with_its_attributes_and_a_plain_one_without(
@@ -52,12 +58,10 @@ def test_a_copy_goes_out_with_its_attributes_and_a_plain_one_without(
 
 
 def test_the_delete_of_a_copied_message_leaves_its_s3_object(
-    stub: Stubber, sqs_queue: SQSQueue, monkeypatch: pytest.MonkeyPatch
+    stub: Stubber, sqs_queue: SQSQueue, deleting: list[list[Lease]]
 ) -> None:
     copied, acked = make_lease("jobs", task_id="c"), make_lease("jobs", task_id="a")
     copied.copied = True
-    deleting: list[list[Lease]] = []
-    monkeypatch.setattr(sqs_module, "delete_objects_of", lambda _, found: deleting.append(found))
     stub.add_response(
         "delete_message_batch", {"Successful": [{"Id": "0"}, {"Id": "1"}], "Failed": []}
     )

@@ -1,0 +1,53 @@
+"""The S3 objects of deleted messages: deleted after SQS's confirmation, off its call slot."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from celery_sqs_heartbeat.aws.clients import DerivedClients
+from celery_sqs_heartbeat.payloads.cleanup import ObjectCleanup
+from celery_sqs_heartbeat.payloads.pointers import S3Pointer
+from tests.unit.conftest import make_lease
+
+
+class SlowS3:
+    """An S3 whose DeleteObjects answers only when told to."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.answer = threading.Event()
+        self.deleted = threading.Event()
+        self.keys: list[str] = []
+
+    def delete_objects(self, **request: Any) -> dict[str, Any]:
+        self.called.set()
+        self.answer.wait(30)
+        self.keys += [entry["Key"] for entry in request["Delete"]["Objects"]]
+        self.deleted.set()
+        return {}
+
+
+def test_the_objects_of_deleted_messages_go_without_holding_the_sqs_delete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 9: the DeleteObjects call ran inside the SQS delete's call slot, so
+    a slow S3 held the slots SQS's deletes need."""
+    s3 = SlowS3()
+    clients = DerivedClients()
+    monkeypatch.setattr(clients, "s3", lambda _: s3)
+    cleanup = ObjectCleanup(clients)
+    lease = make_lease("jobs")
+    cleanup.remember(lease, (S3Pointer("tasks", "k-1"), None))
+
+    deleting = threading.Thread(target=cleanup.deleted, args=(lambda: object(), [lease]))
+    deleting.start()
+    deleting.join(5)
+    returned_at_once = not deleting.is_alive()
+    s3.answer.set()
+
+    assert returned_at_once
+    assert s3.deleted.wait(5)
+    assert s3.keys == ["k-1"]
