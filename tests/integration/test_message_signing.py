@@ -246,7 +246,7 @@ def with_body(envelope: dict[str, Any], label: str, parts: list[bytes] | None) -
     return copy
 
 
-@pytest.mark.parametrize("settled", ["acks-on-failure", "release-on-failure"])
+@pytest.mark.parametrize("settled", ["kombu-reject", "release-on-failure"])
 def test_unsigned_or_changed_messages_run_nothing_and_the_worker_goes_on(
     bed: Bed, tmp_path: Path, settled: str
 ) -> None:
