@@ -41,6 +41,22 @@ app.conf.update(
 )
 RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
 
+if os.environ.get("IT_SECURITY_DIR"):
+    # Celery's message signing, set up as its docs say: every message this app sends is
+    # signed with the key, and only messages signed by a certificate of the store are
+    # accepted. The directory holds ``key.pem``, ``cert.pem`` and ``store/``.
+    _security = os.environ["IT_SECURITY_DIR"]
+    app.conf.update(
+        security_key=os.path.join(_security, "key.pem"),
+        security_certificate=os.path.join(_security, "cert.pem"),
+        security_cert_store=os.path.join(_security, "store", "*.pem"),
+        task_serializer="auth",
+        event_serializer="auth",
+        accept_content=["auth"],
+        result_accept_content=["json"],
+    )
+    app.setup_security()
+
 if os.environ.get("IT_EXTRA_QUEUE"):
     # A worker of two queues, as ``-Q a,b`` makes one: the default queue and this one.
     app.conf.task_queues = [
@@ -134,6 +150,24 @@ def retries_later(self, label: str, countdown: float) -> str:
     if not self.request.retries:
         _record(self.request.id, f"{label}-first", started, "retry")
         raise self.retry(countdown=countdown)
+    _record(self.request.id, label, started, "ok")
+    return label
+
+
+@app.task(bind=True)
+def released_then_retried(self, label: str) -> str:
+    """Fails its first delivery, retries from the redelivery, and succeeds on the retry.
+
+    With ``release_on_failure`` the failure is a release, so the redelivery is the same
+    SQS message; the retry is a new message, which the worker itself publishes.
+    """
+    started = time.time()
+    if not self.request.retries and not self.request.delivery_info.get("redelivered"):
+        _record(self.request.id, label, started, "failed")
+        raise RuntimeError("failed by the test")
+    if not self.request.retries:
+        _record(self.request.id, label, started, "retrying")
+        raise self.retry(countdown=0, max_retries=1)
     _record(self.request.id, label, started, "ok")
     return label
 
