@@ -241,7 +241,7 @@ class Settlement:
 class _QueueLeases:
     """The leases of one queue and one policy, and a heap of them by expiry."""
 
-    __slots__ = ("due", "exhausted", "heap", "leases", "policy", "queue", "stale")
+    __slots__ = ("due", "exhausted", "heap", "leases", "policy", "queue", "retrying", "stale")
 
     def __init__(self, queue: Hashable, policy: LeasePolicy) -> None:
         self.queue = queue
@@ -257,6 +257,12 @@ class _QueueLeases:
         self.due: deque[Lease] = deque()
         #: Popped, due, and unable to get another second: for :meth:`take_exhausted`.
         self.exhausted: list[Lease] = []
+        #: ``(retry at, sequence, lease)``: leases whose renewal failed, out of ``heap``
+        #: until the next check. Due all the same, so kept apart: in ``heap`` they would be
+        #: renewed by every check, and the thread checks whenever a delete, a release or a
+        #: call coming back wakes it, which in an outage is hundreds of times a second.
+        #: Entries of leases ended meanwhile are dropped when they surface.
+        self.retrying: list[tuple[float, int, Lease]] = []
 
 
 class _Budget:
@@ -305,6 +311,10 @@ class LeaseBook:
     A timing wheel would make adding O(1) too, but a renewal call must be filled with the
     leases *closest* to due, which a wheel knows only to the width of a slot; and a heap
     needs no slot width chosen for margins that vary from 0.1 s to hours.
+
+    A renewal that failed for a passing reason is tried again at the next check, one check
+    interval (``margin.interval``) after it was sent, not at whatever check comes first:
+    each queue keeps its failed leases in a second heap, by retry time, until then.
     """
 
     def __init__(self, margin: AdaptiveMargin | None = None) -> None:
@@ -412,7 +422,10 @@ class LeaseBook:
     def has_due(self, now: float) -> bool:
         """Whether a due or exhausted lease (or a stale entry) waits: O(queues)."""
         return any(
-            queue.due or queue.exhausted or self._top_is_due(queue, now)
+            queue.due
+            or queue.exhausted
+            or self._top_is_due(queue, now)
+            or (queue.retrying and queue.retrying[0][0] <= now)
             for queue in self._by_queue.values()
         )
 
@@ -499,8 +512,10 @@ class LeaseBook:
         """Move due leases from the heap to ``queue.due`` (or ``exhausted``), closest first.
 
         Stops once ``queue.due`` holds ``enough`` (None: when nothing due is left) or the
-        budget is spent.
+        budget is spent. Failed renewals whose retry time came are put back in the heap
+        first, so they are taken in their turn by expiry.
         """
+        self._end_retry_waits(queue, now, budget)
         horizon = now + self.margin.seconds(queue.policy, now)
         while queue.heap and queue.heap[0][0] <= horizon:
             if enough is not None and len(queue.due) >= enough:
@@ -517,6 +532,14 @@ class LeaseBook:
                 queue.due.append(lease)
             else:
                 queue.exhausted.append(lease)
+
+    def _end_retry_waits(self, queue: _QueueLeases, now: float, budget: _Budget) -> None:
+        """Move the leases whose retry time came from ``retrying`` back to the heap."""
+        while queue.retrying and queue.retrying[0][0] <= now and budget.spend():
+            self.looked_at += 1
+            _, _, lease = heapq.heappop(queue.retrying)
+            if self._is_held(queue, lease):
+                self._schedule(queue, lease)
 
     def _closest_to_due(
         self, queue: _QueueLeases, now: float, count: int, budget: _Budget
@@ -595,8 +618,13 @@ class LeaseBook:
                 settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
                 continue
             queue = self._by_queue.get((lease.queue, lease.policy))
-            if queue is not None and id(lease) in queue.leases:
+            if queue is None or id(lease) not in queue.leases:
+                continue
+            if outcome is EntryResult.OK:
                 self._schedule(queue, lease)
+            else:
+                retry_at = batch.sent_at + self.margin.interval
+                heapq.heappush(queue.retrying, (retry_at, next(self._sequence), lease))
         return settlement
 
     def _discard(self, lease: Lease) -> None:

@@ -224,6 +224,46 @@ def test_transient_keeps_the_lease_for_the_next_check_while_it_has_time() -> Non
     assert leases_of(book.due_batches(21)) == [lease]
 
 
+def test_a_failed_renewal_is_retried_one_check_interval_after_it_was_sent_not_sooner() -> None:
+    """Issue 33: the manager checks whenever the outbox wakes it; a retry waits for its check."""
+    lease = make_lease("q")
+    book = LeaseBook(AdaptiveMargin(interval=1.0))
+    book.add(lease)
+    (batch,) = book.due_batches(20)
+    book.settle(batch, answer(batch, EntryResult.TRANSIENT, "Throttling"), 20.05)
+
+    assert not book.has_due(20.99)
+    assert book.due_batches(20.99) == []
+    assert book.take_exhausted(20.99) == []
+    assert book.has_due(21)
+    assert leases_of(book.due_batches(21)) == [lease]
+
+
+def test_a_lease_waiting_to_retry_does_not_fill_another_call() -> None:
+    failed = make_lease("q", task_id="failed")
+    book = book_of(failed)
+    (batch,) = book.due_batches(20)
+    book.settle(batch, answer(batch, EntryResult.TRANSIENT, "Throttling"), 20.05)
+    due = make_lease("q", received_at=0.5, task_id="due")
+    book.add(due)
+
+    assert leases_of(book.due_batches(20.5)) == [due]
+    assert leases_of(book.due_batches(21)) == [failed]
+
+
+def test_a_lease_ended_while_waiting_to_retry_is_not_renewed_again() -> None:
+    ended = make_lease("q", task_id="ended")
+    held = make_lease("q", task_id="held")
+    book = book_of(ended, held)
+    (batch,) = book.due_batches(20)
+    book.settle(batch, answer(batch, EntryResult.TRANSIENT, "Throttling"), 20.05)
+
+    book.end(ended)
+
+    assert leases_of(book.due_batches(21)) == [held]
+    assert list(book) == [held]
+
+
 def test_transient_reports_the_lease_lost_once_it_ran_out() -> None:
     lease = make_lease("q")
     book = book_of(lease)

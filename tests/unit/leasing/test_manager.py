@@ -177,6 +177,45 @@ def test_a_lease_that_runs_out_while_renewals_fail_is_reported_lost(
     assert len(manager) == 0
 
 
+def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_meanwhile(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: SQS down, a delete waiting; every wake-up used to send the renewal again.
+
+    The thread is driven as it runs: it checks when it is woken (a renewal or a send came
+    back with the outbox not empty) or when its sleep runs out, here in 10 ms steps.
+    """
+    held = tracked(manager, queue, task_id="held")
+    acked = tracked(manager, queue, task_id="acked")
+    queue.answer_all(EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    queue.delete_default = (EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    woken = threading.Event()
+    notify_all = manager._changed.notify_all
+
+    def wake() -> None:
+        woken.set()
+        notify_all()
+
+    monkeypatch.setattr(manager._changed, "notify_all", wake)
+    clock.now = 20
+    manager.delete(acked, wait=0)
+    wakes_at = clock.now
+    while clock.now < 23:
+        if woken.is_set() or clock.now >= wakes_at:
+            woken.clear()
+            manager.check()
+            with manager._lock:
+                wakes_at = clock.now + (manager._sleep_time() or float("inf"))
+        clock.advance(0.01)
+
+    renewals = [call for call in queue.calls if held in dict(call)]
+    assert len(renewals) <= 3, f"{len(renewals)} renewal calls in 3 s at one check a second"
+    assert len(queue.deletes) >= 2  # the delete's own retries went on meanwhile
+
+
 def test_transient_failures_log_one_warning_not_one_per_check_and_info_on_recovery(
     manager: VisibilityExtensionManager,
     clock: FakeClock,
