@@ -47,7 +47,7 @@ logger = get_logger(__name__)
 
 
 class ChannelWithLeftovers(Protocol):
-    """What removes a channel's auto-delete queues still consumed (its `AutoDeleteQueues`)."""
+    """What removes a channel's auto-delete queues still consumed (its ``AutoDeleteQueues``)."""
 
     def remove_queues_still_consumed(self) -> None: ...
 
