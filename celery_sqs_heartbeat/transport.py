@@ -1,89 +1,97 @@
-"""The kombu transport: glue between kombu's SQS channel and the lease manager.
+"""The kombu transport: one channel class, glue between kombu's SQS channel and its parts.
+
+:class:`Channel` overrides each kombu hook once and hands the work to the parts it builds
+in its ``__init__``, in this order: the :class:`~.receiving.receiver.Receiver` (the receive
+loop), the :class:`~.payloads.reader.PayloadReader` (bodies through S3), the
+:class:`~.receiving.intake.Intake` (leases from the receive to the consumer's claim), the
+:class:`~.settling.settler.Settler` (acks, rejects, the flush at close), the
+:class:`~.publishing.sender.Sender` (batched publishes), the
+:class:`~.queues.keeper.QueueKeeper` (URLs and new queues), the
+:class:`~.queues.cleanup.AutoDeleteQueues`, the
+:class:`~.monitoring.reply_queue_keeper.ReplyQueueKeeper`, the
+:class:`~.monitoring.timely_replies.TimelyReplies` and the
+:class:`~.monitoring.event_fanout.EventFanout`. Where one hook does the work of several,
+their order is written in that hook, with why.
 
 A lease from receive to confirmed delete, one step a function:
 
 1. born in :meth:`ReceiveSteps.born <celery_sqs_heartbeat.receiving.steps.ReceiveSteps.born>`
-   as the ReceiveMessage answer arrives (event loop: :meth:`Channel._on_messages_ready`;
-   blocking path: :meth:`Channel._receive_message`), which hands it to the manager
+   as the ReceiveMessage answer arrives (event loop: :meth:`Intake.messages_ready
+   <celery_sqs_heartbeat.receiving.intake.Intake.messages_ready>`, from
+   :meth:`Channel._on_messages_ready`; blocking path: :meth:`Intake.receive_message
+   <celery_sqs_heartbeat.receiving.intake.Intake.receive_message>`, from
+   :meth:`Channel._receive_message`), which hands it to the manager
    (:meth:`VisibilityExtensionManager.track`); then a message held or acked here already
    is taken out, its body is read from S3, and
    :meth:`ReceiveSteps.sort <celery_sqs_heartbeat.receiving.steps.ReceiveSteps.sort>`
    parks a far-ETA task and holds the rest in the channel's
    :class:`~celery_sqs_heartbeat.leasing.lease_table.LeaseTable`
    (:mod:`celery_sqs_heartbeat.receiving.steps` has the order and why);
-2. claimed in :meth:`Channel.claim_lease` (from :meth:`QoS.append`) when kombu hands the
-   message to the consumer; what no consumer claimed goes back to SQS at once
-   (:meth:`Channel._release_unclaimed`);
+2. claimed in :meth:`Intake.claim <celery_sqs_heartbeat.receiving.intake.Intake.claim>`
+   (from :meth:`QoS.append`) when kombu hands the message to the consumer; what no
+   consumer claimed goes back to SQS at once (``Intake.release_unclaimed``);
 3. renewed by the manager's thread (:meth:`VisibilityExtensionManager._start_renewals`,
    one call a thread: ``_renew``) until it ends, on the client of the live channel
    (:mod:`celery_sqs_heartbeat.leasing.lease_queues`);
-4. let go at the ack, in :meth:`SettlingChannel.basic_ack
-   <celery_sqs_heartbeat.settling.channel.SettlingChannel.basic_ack>`, which leaves the delete in
-   the manager's outbox (:meth:`VisibilityExtensionManager.delete`); a reject releases it
-   instead (``SettlingChannel.basic_reject``, :meth:`VisibilityExtensionManager.release`),
-   and so does the channel's close for messages Celery will not run (:meth:`QoS.restore_unacked`);
+4. let go at the ack, in :meth:`Settler.ack <celery_sqs_heartbeat.settling.settler.Settler.ack>`
+   (from :meth:`Channel.basic_ack`), which leaves the delete in the manager's outbox
+   (:meth:`VisibilityExtensionManager.delete`); a reject releases it instead
+   (``Settler.reject``, :meth:`VisibilityExtensionManager.release`), and so does the
+   channel's close for messages Celery will not run (:meth:`QoS.restore_unacked`);
 5. ended when SQS confirms the delete: the manager's ``_start_sends`` takes it out of the
    outbox and the book, ``_send`` makes the call on a thread of its own, and
    ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
-
-The receive loop itself, its backoff and its waking on freed prefetch room, is
-:class:`~celery_sqs_heartbeat.receiving.loop.ReceivingChannel`;
-:class:`~celery_sqs_heartbeat.payloads.channel.PayloadChannel`, built on it, sends
-bodies too large for SQS through S3 and reads them back, and
-:class:`~celery_sqs_heartbeat.settling.channel.SettlingChannel` settles acks and rejects through
-the manager. This channel extends both.
 """
 
 from __future__ import annotations
 
-import re
 from functools import cache, partial
-from queue import Empty
 from typing import Any
 
 import kombu
+from botocore.client import BaseClient
+from botocore.exceptions import ClientError
 from celery import signals
 from celery.utils.log import get_logger
 from kombu.asynchronous import set_event_loop
 from kombu.transport import SQS, virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 from kombu.utils.objects import cached_property
 
-from .aws.sqs_queue import SQSQueue
-from .compat import KOMBU_BROADCASTS_THROUGH_SNS
+from .compat import KOMBU_BROADCASTS_THROUGH_SNS, SQSChannel
 from .leasing.lease_table import LeaseTable
 from .leasing.leases import LeasePolicy
 from .leasing.manager import VisibilityExtensionManager
 from .monitoring import control  # noqa: F401  (importing registers the sqs_leases inspect commands)
-from .monitoring.event_fanout import EventFanoutChannel, events_through_sns
+from .monitoring.event_fanout import EventFanout, events_through_sns
+from .monitoring.pidbox_names import reply_queue_of
 from .monitoring.prometheus import start_exporter
-from .monitoring.reply_queue_channel import KeepsReplyQueues
-from .monitoring.timely_replies import RepliesWithinTheirTimeout
+from .monitoring.reply_queue_keeper import ReplyQueueKeeper
+from .monitoring.timely_replies import TimelyReplies
 from .options import HeartbeatOptions
-from .payloads.channel import PayloadChannel, ReadingQoS
 from .payloads.options import LargePayloadOptions, PayloadAccess
+from .payloads.reader import PayloadReader, ReadingQoS
 from .payloads.store import PayloadStore
 from .process import this_process
-from .publishing.channel import BatchPublishingChannel
-from .queues.cleanup import DeletesAutoDeleteQueues
-from .queues.retention_channel import RetainsMessagesForTheirTtl
-from .queues.urls import ForgetsDeletedQueueUrls
+from .publishing.sender import Sender
+from .queues.cleanup import AutoDeleteQueues
+from .queues.keeper import QueueKeeper
+from .receiving.intake import Intake
 from .receiving.parker import Parker
 from .receiving.receipt_redaction import redact_celery_reports
-from .receiving.steps import Received, ReceiveSteps
+from .receiving.receiver import Receiver
+from .receiving.steps import ReceiveSteps
 from .settling import celery_requests
-from .settling.channel import SettlingChannel
+from .settling.settler import Settler
 from .startup import (
     remote_control_notice,
     settings_line,
 )
-from .startup.checks import StartupChecks
+from .startup.checks import check_before_connecting, missing_queue_declared
 
 __all__ = ["Channel", "QoS", "Transport"]
 
 logger = get_logger(__name__)
-
-#: kombu's Mailbox names a remote-control reply queue ``<routing key>.<reply exchange>``.
-_PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 
 
 class QoS(ReadingQoS):
@@ -93,7 +101,7 @@ class QoS(ReadingQoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         super().append(message, delivery_tag)
-        self.channel.claim_lease(message, delivery_tag)
+        self.channel.intake.claim(message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         super().ack(delivery_tag)
@@ -138,201 +146,276 @@ class QoS(ReadingQoS):
         for tag in leaving:
             self._delivered.pop(tag, None)
             celery_requests.forget(tag)
-        self.channel.end_leases(leaving, "shutdown")
+        self.channel.settler.end_leases(leaving, "shutdown")
         return []
 
     def _settled(self, delivery_tag: str) -> None:
         """kombu forgot the delivery: its room in the prefetch and its Celery request go."""
         celery_requests.forget(delivery_tag)
-        self.channel.prefetch_room_freed()
+        self.channel.receiver.prefetch_room_freed()
 
 
-class Channel(
-    StartupChecks,
-    BatchPublishingChannel,
-    EventFanoutChannel,
-    DeletesAutoDeleteQueues,
-    KeepsReplyQueues,
-    RepliesWithinTheirTimeout,
-    ForgetsDeletedQueueUrls,
-    RetainsMessagesForTheirTtl,
-    SettlingChannel,
-    PayloadChannel,
-):
-    """kombu's SQS channel, holding a lease on every message it received and not acked."""
+class Channel(SQSChannel):
+    """kombu's SQS channel, holding a lease on every message it received and not acked.
+
+    Glue only: each kombu hook is overridden here once and handed to a part; kombu's own
+    step goes with it where the part goes around it. (``SQSChannel`` is kombu 5.5's
+    version glue, not a feature.)
+    """
 
     QoS = QoS
     connection: Transport
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        # Checked first: a worker that cannot start builds nothing and calls nothing.
+        check_before_connecting(connection)
+        # The parts, before kombu's __init__: it makes the channel's first client (its
+        # ListQueues) through sqs(), which the receiver, payload reader and sender shape.
         #: Kept, not read through the connection: after a reconnect the old channel is
         #: closed and has no connection, but its running tasks still ack through it.
-        self.options: HeartbeatOptions = self.connection.heartbeat_options
-        self.manager: VisibilityExtensionManager = self.connection.manager
+        self.options: HeartbeatOptions = connection.heartbeat_options
+        self.manager: VisibilityExtensionManager = connection.manager
         self.lease_table = LeaseTable()
-        self.lease_policy = LeasePolicy(
+        self.receiver = Receiver(
+            self, connection.clock, super()._schedule_queue, self._polling_interval
+        )
+        self.payload_reader = PayloadReader(
+            self,
+            connection.payload_store,
+            self.manager,
+            self.lease_table,
+            self.receiver.prefetch_room_freed,
+        )
+        self.intake = Intake(
+            self,
+            self.manager,
+            self.lease_table,
+            self._receive_steps(),
+            self.receiver,
+            self.payload_reader,
+        )
+        self.settler = Settler(
+            self,
+            self.options,
+            self.manager,
+            self.lease_table,
+            self.receiver.shutdown_release_delay,
+        )
+        self.sender = Sender(connection.payload_store, self.canonical_queue_name)
+        self.queue_keeper = QueueKeeper(self)
+        self.auto_delete_queues = AutoDeleteQueues(self)
+        self.reply_queues = ReplyQueueKeeper(self)
+        self.timely_replies = TimelyReplies(self, self._polling_interval)
+        self.event_fanout = EventFanout(self)
+        super().__init__(connection, **kwargs)
+
+    def _receive_steps(self) -> ReceiveSteps:
+        policy = LeasePolicy(
             visibility_timeout=self.options.visibility_timeout,
             threshold=self.options.visibility_extension_threshold,
             max_hold=self.options.visibility_extension_max,
         )
-        parker = Parker(self.options, self.manager, self.lease_policy)
-        self.steps = ReceiveSteps(
-            self.options, self.manager, self.lease_table, self.lease_policy, parker
-        )
-        #: Messages the blocking receive being handled parked: it brought messages all the same.
-        self._parked_by_receive = 0
+        parker = Parker(self.options, self.manager, policy)
+        return ReceiveSteps(self.options, self.manager, self.lease_table, policy, parker)
+
+    def _polling_interval(self) -> float:
+        """kombu's wait when the window is full, or after an empty poll (kombu 5.7)."""
+        return float(self.connection.polling_interval or 0)
 
     @cached_property
     def visibility_timeout(self) -> int:
         return self.options.visibility_timeout
 
-    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
-        # Consumers only: producers never open a port, and in a prefork worker the main
-        # process, which consumes, is the one that holds and renews the leases.
-        start_exporter(self.options)
-        if self.transport_options.get("supports_fanout") and not KOMBU_BROADCASTS_THROUGH_SNS:
-            _warn_broadcast_needs_sns()
-        return super().basic_consume(queue, no_ack, *args, **kwargs)
+    # --- clients, queues, exchanges -----------------------------------------------------
+
+    def sqs(self, queue: str | None = None) -> BaseClient:
+        # kombu's client shaped by two botocore events (independent of each other), then
+        # wrapped last, for the calling thread only, while a batch scope's put runs.
+        client = super().sqs(queue=queue)
+        self.receiver.ask_for_lease(client)
+        self.payload_reader.offload_large_bodies(client)
+        return self.sender.catching(client)
+
+    def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: Any) -> Any:
+        # 1. The TTL's retention is noted before kombu may create the queue (_create_queue).
+        # 2. kombu's declare, once more if the cached URL was of a deleted queue.
+        # 3. The start-up check sees an error last, after that retry: a queue merely
+        #    deleted and re-creatable must not stop the worker.
+        # 4. The bookkeeping follows a declare that succeeded, with its final URL.
+        self.queue_keeper.note_retention(queue, passive, kwargs.get("arguments"))
+        declare = partial(super().queue_declare, queue, passive=passive, **kwargs)
+        try:
+            declared = self.queue_keeper.declare(queue, passive, declare)
+        except ClientError as error:
+            name = self.canonical_queue_name(queue or "")
+            explained = missing_queue_declared(
+                name, self.predefined_queues, self._queue_cache, error
+            )
+            if explained is None:
+                raise
+            raise explained from error
+        self.reply_queues.declared(declared.queue)
+        self.auto_delete_queues.declared(declared.queue, bool(kwargs.get("auto_delete")), passive)
+        return declared
+
+    def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
+        """A queue's ``message_ttl`` and ``expires`` as AMQP's ``x-`` arguments, in ms."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
+    def _create_queue(self, queue_name: str, attributes: dict[str, str]) -> Any:
+        attributes = self.queue_keeper.creation_attributes(queue_name, attributes)
+        return super()._create_queue(queue_name, attributes)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        # kombu's DeleteQueue first: the URL is forgotten once the queue is gone.
+        super()._delete(queue, *args, **kwargs)
+        self.queue_keeper.forget_url(queue)
+
+    def after_reply_message_received(self, queue: str) -> None:
+        self.reply_queues.after_reply_received(queue, super().after_reply_message_received)
+
+    def typeof(self, exchange: str, default: str = "direct") -> Any:
+        return self.event_fanout.exchange_type(exchange) or super().typeof(exchange, default)
+
+    def _exchange_is_fanout(self, exchange_name: str) -> bool:
+        """kombu 5.7 asks this to make the topic, subscribe a queue and unsubscribe it."""
+        return self.event_fanout.routes(exchange_name) or bool(
+            super()._exchange_is_fanout(exchange_name)
+        )
 
     def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> list[str]:
         """Route remote-control replies to the asking client's own reply queue.
 
-        SQS keeps bindings only in the memory of the process that declared them, so a
-        worker never knows the reply queue of ``celery inspect``, and kombu dropped
-        every reply without a word.
+        kombu found no binding for them in a worker, and dropped every reply.
         """
         queues: list[str] = super()._lookup(exchange, routing_key, default)
-        if not queues and routing_key and _PIDBOX_REPLY_EXCHANGE.fullmatch(exchange or ""):
-            return [f"{routing_key}.{exchange}"]
-        return queues
+        reply_queue = None if queues else reply_queue_of(exchange, routing_key)
+        return [reply_queue] if reply_queue else queues
+
+    # --- publishing -----------------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        # The sender goes around the reply keeper: inside a batch scope it catches the one
+        # SendMessage kombu makes, and a reply whose queue is gone is dropped inside
+        # kombu's part (when SQS refuses to re-create the queue), so the scope has nothing
+        # of it to send or fail.
+        kombu_put = partial(super()._put, queue, message, **kwargs)
+        self.sender.put(queue, message, partial(self.reply_queues.put, queue, kombu_put))
+
+    # --- consuming ------------------------------------------------------------------------
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        # 1. Consumers only start the exporter: producers never open a port, and in a
+        #    prefork worker the main process, which consumes, holds and renews the leases.
+        #    Before kombu's part: an exporter that cannot start stops the worker before
+        #    anything was subscribed or taken.
+        # 2. kombu wraps the filtered callback: its wrapper claims the lease (QoS.append)
+        #    before an unwanted event is acked, so none is left leased and unacked.
+        start_exporter(self.options)
+        if self.transport_options.get("supports_fanout") and not KOMBU_BROADCASTS_THROUGH_SNS:
+            _warn_broadcast_needs_sns()
+        callback = self.event_fanout.consumer_callback(queue, no_ack, callback)
+        return super().basic_consume(queue, no_ack, callback, *args, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        return self.auto_delete_queues.cancel(consumer_tag, super().basic_cancel)
+
+    def basic_qos(self, *args: Any, **kwargs: Any) -> None:
+        # A larger window may wake a receive loop parked for room.
+        super().basic_qos(*args, **kwargs)
+        self.receiver.prefetch_room_freed()
+
+    # --- receiving: the event loop --------------------------------------------------------
+
+    def _schedule_queue(self, queue: str) -> None:
+        self.receiver.schedule_queue(queue)
+
+    def _get_bulk_async(self, queue: str, callback: Any = None) -> Any:
+        self.timely_replies.poll_sent(queue)
+        return super()._get_bulk_async(queue, callback=callback)
+
+    def _get_from_sqs(
+        self,
+        queue_name: str,
+        queue_url: str,
+        connection: Any,
+        count: int = 1,
+        callback: Any = None,
+    ) -> Any:
+        return self.receiver.get_from_sqs(queue_name, queue_url, connection, count, callback)
 
     def _on_messages_ready(self, queue: str, qname: str, messages: Any) -> Any:
-        """The event loop's receive: the steps of :mod:`~celery_sqs_heartbeat.receiving.steps`.
+        return self.intake.messages_ready(queue, qname, messages, super()._on_messages_ready)
 
-        Leases are born for the whole batch first: kombu hands the batch to the consumer
-        one message at a time, and in the solo pool each task runs before the next
-        message is handed over. Then, if the answer was read late or bodies went through
-        S3, the batch goes off the loop for the calls that takes, then it is sorted and
-        delivered.
-        """
-        received = messages.get("Messages") or []
-        if not received or qname not in self.connection._callbacks:
-            # kombu releases what no consumer is left to take.
-            return super()._on_messages_ready(queue, qname, messages)
-        lease_queue = self._lease_queue(queue, qname)
-        sent_at = self.answer_sent_at if self.answer_sent_at is not None else self.manager.clock()
-        batch = self.steps.born(
-            received, lease_queue, sent_at, held=qname not in self._noack_queues
+    def _loop1(self, queue: str, messages_fetched: Any = None) -> None:
+        kombu_next_turn = partial(super()._loop1, queue, messages_fetched)
+        self.timely_replies.next_turn(queue, messages_fetched, kombu_next_turn)
+
+    # --- receiving: the blocking path (gevent, eventlet, plain kombu) ---------------------
+
+    def drain_events(
+        self, timeout: float | None = None, callback: Any = None, **kwargs: Any
+    ) -> Any:
+        # The drain's timeout is noted first, for the reply queues' receives it makes;
+        # then the wait for prefetch room, then kombu's drain.
+        kombu_drain = partial(super().drain_events, timeout=timeout, callback=callback, **kwargs)
+        return self.timely_replies.drain(
+            timeout, partial(self.receiver.drain_events, timeout, kombu_drain)
         )
-        first_steps = partial(self._confirm_and_recognise, lease_queue, sent_at)
-        deliver = partial(self._sort_and_deliver, queue, qname, lease_queue)
-        if self._off_the_loop(batch, qname, first_steps, deliver):
-            return len(received)
-        return deliver(first_steps(batch))
-
-    def _confirm_and_recognise(
-        self, lease_queue: SQSQueue, receive_sent_at: float, batch: list[Received]
-    ) -> list[Received]:
-        """Steps 1 (its confirmation) and 2: the leases of an answer read late are renewed
-        first; then the messages held or acked here already are taken out.
-
-        Blocking: on the blocking receive path, or on a thread off the event loop.
-        """
-        return self.steps.known(self.steps.confirm(batch, lease_queue, receive_sent_at))
-
-    def _sort_and_deliver(
-        self, queue: str, qname: str, lease_queue: SQSQueue, batch: list[Received]
-    ) -> int:
-        """Steps 4 and 5, then kombu's delivery; what no consumer claimed goes back to SQS.
-
-        Returns what kombu counts as brought: parked messages count, or kombu would
-        poll again only ``polling_interval`` later, and a burst of countdown tasks would
-        be parked ten a second.
-        """
-        staying, parked = self.steps.sort(batch, lease_queue)
-        try:
-            if staying and not self.closed and qname in self.connection._callbacks:
-                super()._on_messages_ready(queue, qname, {"Messages": [r.message for r in staying]})
-        finally:
-            self._release_unclaimed()
-        return len(staying) + parked
 
     def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        """The blocking receive (gevent, eventlet): one that only parked receives again.
+        # The intake goes around the receiver: a receive that only parked is made again,
+        # each with the receiver's in-bulk mark (its messages are leased, its no-ack
+        # deletes blocking); what nobody took goes back after the last.
+        kombu_get_bulk = partial(super()._get_bulk, queue, *args, **kwargs)
+        return self.intake.get_bulk(partial(self.receiver.get_bulk, kombu_get_bulk))
 
-        kombu raises Empty when a receive delivers nothing, and its transport then waits
-        ``polling_interval``: ten a second for a burst of countdown tasks. What was
-        leased and nobody took goes back at once.
-        """
-        try:
-            while True:
-                self._parked_by_receive = 0
-                try:
-                    return super()._get_bulk(queue, *args, **kwargs)
-                except Empty:
-                    if not self._parked_by_receive:
-                        raise
-        finally:
-            self._release_unclaimed()
+    def _receive_message(
+        self, queue: str, max_number_of_messages: int = 1, wait_time_seconds: int | None = None
+    ) -> Any:
+        # A reply queue's wait is bounded by its drain; the receiver's gate and failure
+        # handling go around kombu's call; the intake times the call before it is made
+        # (the leases count from then) and takes every step on what it brings.
+        kwargs = {
+            "max_number_of_messages": max_number_of_messages,
+            "wait_time_seconds": self.timely_replies.wait_for(queue, wait_time_seconds),
+        }
+        receive = partial(self.receiver.receive_message, queue, kwargs, super()._receive_message)
+        return self.intake.receive_message(queue, receive)
 
-    def _receive_message(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        """The blocking receive: every step on what it brings, before kombu decodes it.
+    def _message_to_python(self, message: dict[str, Any], queue_name: str, q_url: str) -> Any:
+        payload = super()._message_to_python(message, queue_name, q_url)
+        return self.receiver.marked_redelivered(payload, message)
 
-        kombu's ``basic_get`` receives here too; its message gets a lease only if the
-        consumer keeps it unacked (:meth:`claim_lease`), but its body is read all the same.
-        """
-        sent_at = self.manager.clock()
-        response = super()._receive_message(queue, *args, **kwargs)
-        received = response.get("Messages") or []
-        if received:
-            held = self._receiving_in_bulk and queue not in self._noack_queues
-            lease_queue = self._lease_queue(self._new_queue(queue), queue)
-            batch = self.steps.born(received, lease_queue, sent_at, held)
-            batch = self._read_bodies_now(
-                self._confirm_and_recognise(lease_queue, sent_at, batch), queue
-            )
-            staying, parked = self.steps.sort(batch, lease_queue)
-            self._parked_by_receive += parked
-            response["Messages"] = [r.message for r in staying]
-        return response
+    def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
+        kombu_delete = partial(super()._delete_message, queue_name, message)
+        self.receiver.delete_message(queue_name, message, kombu_delete)
 
-    def claim_lease(self, message: Any, delivery_tag: str) -> None:
-        """The consumer took ``message``: its lease now lasts until the ack or reject."""
-        headers = message.headers or {}
-        task = (headers.get("id"), headers.get("task"))
-        if self.lease_table.claim(delivery_tag, *task) is not None:
-            return
-        # Received some other way (kombu's basic_get): the lease starts now.
-        info = message.delivery_info
-        if info.get("sqs_queue"):
-            sqs_message = info.get("sqs_message") or {"ReceiptHandle": delivery_tag}
-            queue_name = self.canonical_queue_name(info.get("routing_key") or "")
-            lease_queue = self._lease_queue(info["sqs_queue"], queue_name)
-            batch = self.steps.born([sqs_message], lease_queue, self.manager.clock())
-            staying, _ = self.steps.sort(self.steps.known(batch), lease_queue)
-            if staying:
-                self.lease_table.claim(delivery_tag, *task)
+    # --- settling -------------------------------------------------------------------------
 
-    def _release_unclaimed(self) -> None:
-        """Messages received but never handed to the consumer go straight back to SQS.
+    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        self.settler.ack(delivery_tag, multiple, super().basic_ack)
 
-        A body kombu cannot decode raises before delivery; without this its lease would be
-        renewed for as long as the worker lives.
-        """
-        stranded = self.lease_table.take_unclaimed()
-        if stranded:
-            logger.warning(
-                "Releasing %d received message(s) that were never delivered to the consumer",
-                len(stranded),
-            )
-            self.manager.release([(lease, 0) for lease in stranded], "not delivered")
+    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self.settler.reject(delivery_tag, requeue, super().basic_reject)
 
-    def _lease_queue(self, queue_url: str, queue_name: str) -> SQSQueue:
-        """The renewal target of a queue, from now on through this channel's client."""
-        return this_process().lease_queues.of(
-            self.canonical_queue_name(queue_name), queue_url, self
-        )
+    def _delete_rejected_message(self, delivery_tag: str) -> None:
+        self.settler.delete_rejected(delivery_tag, super()._delete_rejected_message)
+
+    def close(self) -> None:
+        # 1. Messages still being read from S3 go back: no consumer is left to take them.
+        # 2. The queues parked for prefetch room are forgotten before kombu's close, whose
+        #    own acks free room that would schedule a receive on a closed channel.
+        # 3. kombu's close: the consumers cancelled (a monitor's queue deleted), then
+        #    QoS.restore_unacked acks what Celery asked to ack and releases the rest.
+        # 4. The flush last, so the deletes and releases made above go out now, not at a
+        #    later check that a process which is stopping may never run.
+        self.payload_reader.close()
+        self.receiver.close()
+        super().close()
+        self.settler.flush_at_close()
 
 
 class Transport(SQS.Transport):

@@ -60,7 +60,7 @@ BATCHES_PER_HOLD = 5
 
 #: How long the end of the process waits for deletes still pending: a delete that never
 #: went out means the task runs again elsewhere once its lease ends. (A worker's shutdown
-#: has waited already, as its channel closed: ``SettlingChannel.close``.)
+#: has waited already, as its channel closed: ``Settler.flush_at_close``.)
 EXIT_FLUSH_TIMEOUT = 5.0
 
 

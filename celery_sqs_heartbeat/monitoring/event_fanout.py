@@ -22,19 +22,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 import kombu
 from celery.events.event import EVENT_EXCHANGE_NAME
 from celery.utils.log import get_logger
-from kombu.transport import SQS
 from kombu.transport.virtual.exchange import TopicExchange
 from kombu.utils.objects import cached_property
 
 from ..compat import KOMBU_BROADCASTS_THROUGH_SNS
 from ..options import InvalidTransportOption, _boolean
 
-__all__ = ["EventFanoutChannel", "SnsTopicExchange", "events_through_sns", "wanted"]
+__all__ = ["EventFanout", "FanoutPort", "SnsTopicExchange", "events_through_sns", "wanted"]
 
 logger = get_logger(__name__)
 
@@ -69,7 +68,7 @@ class SnsTopicExchange(TopicExchange):
     """A topic exchange whose messages go to every subscribed queue through SNS.
 
     Bindings keep their patterns (:meth:`prepare_bind` is the topic exchange's); the
-    filtering happens on the receiving side, in :class:`EventFanoutChannel`.
+    filtering happens on the receiving side, in :meth:`EventFanout.consumer_callback`.
     """
 
     type = "topic"
@@ -78,59 +77,64 @@ class SnsTopicExchange(TopicExchange):
         self.channel._put_fanout(exchange, message, routing_key, **kwargs)
 
 
-class EventFanoutChannel(SQS.Channel):
-    """A channel that routes Celery's event exchange through SNS when asked to."""
+class FanoutPort(Protocol):
+    """What the event fanout reads of its kombu channel."""
+
+    @property
+    def transport_options(self) -> Mapping[str, Any]: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def get_table(self, exchange: Any) -> list[Binding]: ...
+
+
+class EventFanout:
+    """Routes Celery's event exchange through SNS when asked to, for one channel."""
+
+    def __init__(self, channel: FanoutPort) -> None:
+        self._channel = channel
 
     @cached_property
-    def _events_through_sns(self) -> bool:
-        asked = events_through_sns(self.transport_options)
+    def through_sns(self) -> bool:
+        """Whether the options ask for it and this kombu can."""
+        asked = events_through_sns(self._channel.transport_options)
         if asked and not KOMBU_BROADCASTS_THROUGH_SNS:
             _warn_events_need_sns()
         return asked and KOMBU_BROADCASTS_THROUGH_SNS
 
     @cached_property
     def _sns_topic_exchange(self) -> SnsTopicExchange:
-        return SnsTopicExchange(self)
+        return SnsTopicExchange(self._channel)
 
-    def _routes_events(self, exchange: str | None) -> bool:
+    def routes(self, exchange: str | None) -> bool:
         """Whether ``exchange`` is Celery's event exchange, declared as a topic, and routed."""
-        if exchange != EVENT_EXCHANGE_NAME or not self._events_through_sns:
+        if exchange != EVENT_EXCHANGE_NAME or not self.through_sns:
             return False
-        declared = self.state.exchanges.get(exchange)
+        declared = self._channel.state.exchanges.get(exchange)
         return declared is not None and declared["type"] == "topic"
 
-    def typeof(self, exchange: str, default: str = "direct") -> Any:
-        if self._routes_events(exchange):
-            return self._sns_topic_exchange
-        return super().typeof(exchange, default)
+    def exchange_type(self, exchange: str) -> SnsTopicExchange | None:
+        """The exchange type that delivers ``exchange`` through SNS; None: kombu's own."""
+        return self._sns_topic_exchange if self.routes(exchange) else None
 
-    def _exchange_is_fanout(self, exchange_name: str) -> bool:
-        """kombu 5.7 asks this to make the topic, subscribe a queue and unsubscribe it."""
-        return self._routes_events(exchange_name) or bool(
-            super()._exchange_is_fanout(exchange_name)
-        )
-
-    def basic_consume(
-        self, queue: str, no_ack: bool, callback: Callable[[Any], Any], *args: Any, **kwargs: Any
-    ) -> Any:
-        if self._events_through_sns:
-            callback = self._filtering(queue, no_ack, callback)
-        return super().basic_consume(queue, no_ack, callback, *args, **kwargs)
-
-    def _filtering(
+    def consumer_callback(
         self, queue: str, no_ack: bool, callback: Callable[[Any], Any]
     ) -> Callable[[Any], Any]:
         """``callback``, given only the events the queue's binding patterns match.
 
         SNS hands a queue every event on the topic; one the queue did not ask for is
-        dropped here (acked first, if the consumer acks).
+        dropped here (acked first, if the consumer acks). Any callback as it is, unless
+        events go through SNS.
         """
+        if not self.through_sns:
+            return callback
 
         def deliver_if_wanted(message: Any) -> Any:
             info = message.delivery_info or {}
             exchange = info.get("exchange")
-            if self._routes_events(exchange) and not wanted(
-                self.get_table(exchange), queue, info.get("routing_key") or ""
+            if self.routes(exchange) and not wanted(
+                self._channel.get_table(exchange), queue, info.get("routing_key") or ""
             ):
                 if not no_ack:
                     message.ack()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_mailbox", "is_reply_queue"]
+__all__ = ["is_mailbox", "is_reply_queue", "reply_queue_of"]
 
 _REPLY_QUEUE = re.compile(r".+[.-]reply[.-].+[.-]pidbox")
 _PIDBOX_QUEUE = re.compile(r".+[.-]pidbox")
+#: kombu's Mailbox names a remote-control reply queue ``<routing key>.<reply exchange>``.
+_PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
 
 
 def is_reply_queue(queue: str) -> bool:
@@ -25,3 +27,15 @@ def is_reply_queue(queue: str) -> bool:
 def is_mailbox(queue: str) -> bool:
     """Whether ``queue`` is a worker's remote-control mailbox (kombu or SQS name)."""
     return _PIDBOX_QUEUE.fullmatch(queue) is not None and not is_reply_queue(queue)
+
+
+def reply_queue_of(exchange: str | None, routing_key: str | None) -> str | None:
+    """The reply queue a remote-control reply to ``exchange`` with ``routing_key`` is for.
+
+    None unless ``exchange`` is a reply exchange and the routing key names the client.
+    SQS keeps bindings only in the memory of the process that declared them, so a worker
+    never knows the reply queue of ``celery inspect``: its name is all there is.
+    """
+    if routing_key and _PIDBOX_REPLY_EXCHANGE.fullmatch(exchange or ""):
+        return f"{routing_key}.{exchange}"
+    return None

@@ -15,7 +15,7 @@ queues of its last few minutes. A name that came back after more than that idle 
 and within the minute after its delete would still be refused; the idle time is long so
 that a program asking every few minutes from one thread keeps its queue.
 
-Pure bookkeeping with the clock passed in: :mod:`.reply_queue_channel` deletes what
+Pure bookkeeping with the clock passed in: :mod:`.reply_queue_keeper` deletes what
 this book says, and :mod:`.exit_cleanup` the rest as the process leaves (at its exit, or
 as a prefork pool child ends, where no exit handler runs).
 """

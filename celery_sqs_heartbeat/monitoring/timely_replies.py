@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
-
-from kombu.transport import SQS
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .pidbox_names import is_mailbox, is_reply_queue
 
 __all__ = [
-    "RepliesWithinTheirTimeout",
+    "TimelyPort",
+    "TimelyReplies",
     "mailbox_polls_again_at_once",
     "reply_wait_seconds",
 ]
@@ -68,61 +68,73 @@ def mailbox_polls_again_at_once(
     return answered_at - sent_at >= min(wait_time_seconds, polling_interval)
 
 
-class RepliesWithinTheirTimeout(SQS.Channel):
-    """A channel whose reply queues wait no longer than their drain, and whose mailbox
-    is polled again as soon as its long poll comes back empty."""
+class TimelyPort(Protocol):
+    """What timely replies read of, and ask of, their kombu channel."""
 
-    #: The timeout of the drain_events call running on this channel, if any.
-    _drain_timeout: float | None = None
+    @property
+    def hub(self) -> Any: ...
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+    @property
+    def wait_time_seconds(self) -> int: ...
+
+    def _schedule_queue(self, queue: str) -> None: ...
+
+
+class TimelyReplies:
+    """A channel's reply queues wait no longer than their drain, and its mailbox is polled
+    again as soon as its long poll comes back empty.
+
+    ``polling_interval`` is kombu's wait after an empty poll (the connection's).
+    """
+
+    def __init__(self, channel: TimelyPort, polling_interval: Callable[[], float]) -> None:
+        self._channel = channel
+        self._polling_interval = polling_interval
+        #: The timeout of the drain_events call running on this channel, if any.
+        self._drain_timeout: float | None = None
         #: When each mailbox's poll now out was sent (``time.monotonic``).
         self._mailbox_polls_sent: dict[str, float] = {}
 
-    def drain_events(
-        self, timeout: float | None = None, callback: Any = None, **kwargs: Any
-    ) -> Any:
+    def drain(self, timeout: float | None, drain: Callable[[], Any]) -> Any:
+        """``drain()``, the blocking receives it makes bounded by ``timeout``."""
         self._drain_timeout = timeout
         try:
-            return super().drain_events(  # type: ignore[no-untyped-call]
-                timeout=timeout, callback=callback, **kwargs
-            )
+            return drain()
         finally:
             self._drain_timeout = None
 
-    def _receive_message(
-        self, queue: str, max_number_of_messages: int = 1, wait_time_seconds: int | None = None
-    ) -> Any:
-        if is_reply_queue(queue):
-            wait = self.wait_time_seconds if wait_time_seconds is None else wait_time_seconds
-            wait_time_seconds = reply_wait_seconds(wait, self._drain_timeout)
-        return super()._receive_message(
-            queue=queue,
-            max_number_of_messages=max_number_of_messages,
-            wait_time_seconds=wait_time_seconds,
-        )
+    def wait_for(self, queue: str, wait_time_seconds: int | None) -> int | None:
+        """The long poll of a blocking receive on ``queue``: a reply queue's is bounded."""
+        if not is_reply_queue(queue):
+            return wait_time_seconds
+        wait = self._channel.wait_time_seconds if wait_time_seconds is None else wait_time_seconds
+        return reply_wait_seconds(wait, self._drain_timeout)
 
-    def _get_bulk_async(self, queue: str, callback: Any = None) -> Any:
+    def poll_sent(self, queue: str) -> None:
+        """The event loop sends a long poll on ``queue``: a mailbox's is timed."""
         if is_mailbox(queue):
             self._mailbox_polls_sent[queue] = time.monotonic()
-        return super()._get_bulk_async(queue, callback=callback)  # type: ignore[no-untyped-call]
 
-    def _loop1(self, queue: str, messages_fetched: Any = None) -> None:
+    def next_turn(
+        self, queue: str, messages_fetched: Any, kombu_next_turn: Callable[[], None]
+    ) -> None:
         """The event loop's next turn on ``queue``: at once after a mailbox's empty long poll.
 
-        kombu's hook after every turn of the asynchronous receive loop, on kombu 5.5 to
-        5.7; the other queues keep kombu's pace.
+        kombu's hook after every turn of the asynchronous receive loop (``_loop1``), on
+        kombu 5.5 to 5.7; the other queues keep kombu's pace (``kombu_next_turn``).
         """
         sent_at = self._mailbox_polls_sent.pop(queue, None)
-        polling_interval = float(self.connection.polling_interval or 0)
+        hub = self._channel.hub
         if (
             not messages_fetched
-            and self.hub is not None
+            and hub is not None
             and mailbox_polls_again_at_once(
-                sent_at, time.monotonic(), self.wait_time_seconds, polling_interval
+                sent_at,
+                time.monotonic(),
+                self._channel.wait_time_seconds,
+                self._polling_interval(),
             )
         ):
-            self.hub.call_soon(self._schedule_queue, queue)
+            hub.call_soon(self._channel._schedule_queue, queue)
             return
-        super()._loop1(queue, messages_fetched)  # type: ignore[no-untyped-call]
+        kombu_next_turn()

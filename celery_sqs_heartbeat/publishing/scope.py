@@ -10,7 +10,7 @@ of ten out of it. The scope's end returns once SQS confirmed every message publi
 in it, or raises one :class:`PublishingFailed` naming the tasks SQS did not take.
 
 The channel's part, catching kombu's ``SendMessage`` in ``_put``, is in
-:mod:`celery_sqs_heartbeat.publishing.channel`; the call is
+:mod:`celery_sqs_heartbeat.publishing.sender`; the call is
 :func:`~celery_sqs_heartbeat.aws.sqs_send.send_message_batch`. docs/publishing.md says what
 this guarantees, and what a process that dies inside a scope leaves in SQS.
 """

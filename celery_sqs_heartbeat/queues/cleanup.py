@@ -22,10 +22,11 @@ new one's mailbox subscribed to nothing, and every ``inspect``, ``control`` and 
 reached no one. Deleting it would also stop a worker restarted within the minute (SQS
 refuses a name deleted less than 60 s before, ``QueueDeletedRecently``). A stopped
 worker's mailbox thus keeps collecting broadcasts, at most its retention period's worth
-(:mod:`.queue_retention`), until a worker of that name reads them.
+(:mod:`.retention`), until a worker of that name reads them.
 
 A remote-control reply queue, auto-delete too, is bound to no topic and not single use
-by that rule: :mod:`.reply_queue_channel` keeps it between calls and deletes it itself.
+by that rule: :mod:`~celery_sqs_heartbeat.monitoring.reply_queue_keeper` keeps it
+between calls and deletes it itself.
 
 A failure here is logged and never raised: the consumer is leaving anyway, and a queue
 left behind is what happened before.
@@ -35,16 +36,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Protocol
 
 from celery.events.event import EVENT_EXCHANGE_NAME
 from celery.utils.log import get_logger
-from kombu.transport import SQS
 
 from ..process import this_process
 
-__all__ = ["DeletesAutoDeleteQueues", "is_single_use"]
+__all__ = ["AutoDeletePort", "AutoDeleteQueues", "is_single_use"]
 
 logger = get_logger(__name__)
 
@@ -62,30 +62,44 @@ def is_single_use(queue: str, bound_exchanges: Collection[str]) -> bool:
     return EVENT_EXCHANGE_NAME in bound_exchanges and _FRESH_UUID_NAME.fullmatch(queue) is not None
 
 
-class DeletesAutoDeleteQueues(SQS.Channel):
-    """A channel that deletes a single-use queue once its last consumer is cancelled."""
+class AutoDeletePort(Protocol):
+    """What the auto-delete queues part reads of, and asks of, its kombu channel."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    @property
+    def _tag_to_queue(self) -> dict[str, str]: ...
+
+    @property
+    def predefined_queues(self) -> Mapping[str, Any]: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def basic_cancel(self, consumer_tag: str) -> Any: ...
+
+    def queue_delete(self, queue: str) -> Any: ...
+
+
+class AutoDeleteQueues:
+    """Deletes a single-use queue of its channel once its last consumer is cancelled."""
+
+    def __init__(self, channel: AutoDeletePort) -> None:
+        self._channel = channel
         #: Auto-delete queues this channel declared and has not removed yet.
-        self._auto_delete_queues: set[str] = set()
+        self._queues: set[str] = set()
 
-    def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: Any) -> Any:
-        declared = super().queue_declare(queue, passive=passive, **kwargs)
-        if kwargs.get("auto_delete") and not passive:
-            self._auto_delete_queues.add(declared.queue)
+    def declared(self, queue: str, auto_delete: bool, passive: bool) -> None:
+        """A queue was declared: an auto-delete one is remembered, and left for the exit."""
+        if auto_delete and not passive:
+            self._queues.add(queue)
             this_process().leftovers.add_channel(self, os.getpid())
-        return declared
 
-    def basic_cancel(self, consumer_tag: str) -> Any:
-        queue = self._tag_to_queue.get(consumer_tag)
-        cancelled = super().basic_cancel(consumer_tag)
-        if (
-            queue is not None
-            and self._removable(queue)
-            and queue not in self._tag_to_queue.values()
-        ):
-            self._auto_delete_queues.discard(queue)
+    def cancel(self, consumer_tag: str, kombu_cancel: Callable[[str], Any]) -> Any:
+        """``kombu_cancel(consumer_tag)``, then the queue goes if it was its last consumer."""
+        tag_to_queue = self._channel._tag_to_queue
+        queue = tag_to_queue.get(consumer_tag)
+        cancelled = kombu_cancel(consumer_tag)
+        if queue is not None and self._removable(queue) and queue not in tag_to_queue.values():
+            self._queues.discard(queue)
             self._delete_left_queue(queue)
         return cancelled
 
@@ -97,20 +111,20 @@ class DeletesAutoDeleteQueues(SQS.Channel):
         taking its absence for a misconfiguration. The consumers of other queues are
         left as they are: their queues stay anyway.
         """
-        for tag, queue in list(self._tag_to_queue.items()):
+        for tag, queue in list(self._channel._tag_to_queue.items()):
             if self._removable(queue):
-                self.basic_cancel(tag)
+                self._channel.basic_cancel(tag)
 
     def _removable(self, queue: str) -> bool:
         """Whether ``queue`` goes once this channel no longer consumes it."""
-        if queue not in self._auto_delete_queues or self.predefined_queues:
+        if queue not in self._queues or self._channel.predefined_queues:
             return False
-        exchanges = [binding.exchange for binding in self.state.queue_bindings(queue)]
+        exchanges = [binding.exchange for binding in self._channel.state.queue_bindings(queue)]
         return is_single_use(queue, exchanges)
 
     def _delete_left_queue(self, queue: str) -> None:
         try:
             # kombu's queue_delete unsubscribes it from each fanout topic it is bound to.
-            self.queue_delete(queue)
+            self._channel.queue_delete(queue)
         except Exception as error:
             logger.warning("Could not remove the auto-delete queue %r: %r", queue, error)

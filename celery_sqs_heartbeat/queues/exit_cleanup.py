@@ -45,7 +45,7 @@ logger = get_logger(__name__)
 
 
 class ChannelWithLeftovers(Protocol):
-    """A channel that can remove its auto-delete queues still consumed."""
+    """What removes a channel's auto-delete queues still consumed (its ``AutoDeleteQueues``)."""
 
     def remove_queues_still_consumed(self) -> None: ...
 

@@ -13,8 +13,8 @@ filter on that logger turns the record into the error's own line, without the
 traceback, which would show only kombu's and Celery's frames. A producer gets the same
 exception, with the same message, raised where it connects or declares.
 
-The channel that checks is also where the options' warnings are given: a worker reads
-its options before its logging is set up, and connects after.
+The channel's check before it connects is also where the options' warnings are given: a
+worker reads its options before its logging is set up, and connects after.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 import botocore.session
 from botocore.exceptions import ClientError
 from celery.utils.log import worker_logger
-from kombu.transport import SQS
 
 from ..options import warn_about_options
 from ..receiving.retries import classify_receive_error
@@ -35,8 +34,9 @@ __all__ = [
     "ConfigurationError",
     "NoCredentialsFound",
     "QueueNotFound",
-    "StartupChecks",
+    "check_before_connecting",
     "missing_credentials",
+    "missing_queue_declared",
     "queue_not_found",
 ]
 
@@ -169,35 +169,32 @@ def _where_botocore_looked() -> str:
     )
 
 
-class StartupChecks(SQS.Channel):
-    """kombu's SQS channel, refusing to start on a mistake no retry would fix."""
+def check_before_connecting(connection: Any) -> None:
+    """Before a channel's first call to SQS: the options' warnings, then its credentials.
 
-    def __init__(self, connection: Any, **kwargs: Any) -> None:
-        """Credentials are looked for before the channel's first call to SQS.
+    The warnings are given here: by the time a worker connects, Celery has set up its
+    logging (:func:`~celery_sqs_heartbeat.options.warn_about_options`). No credentials
+    at all raise :class:`NoCredentialsFound`.
+    """
+    client = connection.client
+    options = client.transport_options or {}
+    warn_about_options(options, connection.heartbeat_options)
+    problem = missing_credentials(client.userid, client.password, options)
+    if problem is not None:
+        raise NoCredentialsFound(problem)
 
-        The options' warnings are given here too: by the time a worker connects, Celery
-        has set up its logging (:func:`~celery_sqs_heartbeat.options.warn_about_options`).
-        """
-        client = connection.client
-        options = client.transport_options or {}
-        warn_about_options(options, connection.heartbeat_options)
-        problem = missing_credentials(client.userid, client.password, options)
-        if problem is not None:
-            raise NoCredentialsFound(problem)
-        super().__init__(connection, **kwargs)  # type: ignore[no-untyped-call]
 
-    def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: Any) -> Any:
-        """Declare ``queue``; a queue SQS says does not exist is named, with its URL."""
-        try:
-            return super().queue_declare(queue, passive=passive, **kwargs)  # type: ignore[no-untyped-call]
-        except ClientError as error:
-            name = self.canonical_queue_name(queue or "")  # type: ignore[no-untyped-call]
-            predefined = self.predefined_queues.get(name)
-            url = predefined["url"] if predefined else self._queue_cache.get(name)
-            explained = queue_not_found(name, url, predefined is not None, error)
-            if explained is None:
-                raise
-            raise explained from error
+def missing_queue_declared(
+    queue_name: str,
+    predefined_queues: Mapping[str, Any],
+    queue_cache: Mapping[str, str],
+    error: ClientError,
+) -> QueueNotFound | None:
+    """The error naming ``queue_name`` and its URL, if its declaration failed because SQS
+    says it does not exist; None for any other error, raised as it is."""
+    predefined = predefined_queues.get(queue_name)
+    url = predefined["url"] if predefined else queue_cache.get(queue_name)
+    return queue_not_found(queue_name, url, predefined is not None, error)
 
 
 class _OneLine(logging.Filter):

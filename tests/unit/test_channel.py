@@ -27,7 +27,7 @@ from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
 from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
-from celery_sqs_heartbeat.payloads import channel as payload_channel
+from celery_sqs_heartbeat.payloads import reader as payload_reader
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.process import ProcessState, this_process
 from celery_sqs_heartbeat.settling import celery_requests
@@ -511,7 +511,7 @@ def test_a_batch_whose_steps_fail_off_the_loop_goes_back_and_frees_its_room(
     def broken_read(*_: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(payload_channel, "_read", broken_read)
+    monkeypatch.setattr(payload_reader, "_read", broken_read)
     hub = Hub()
     channel.hub = hub
     message = sqs_message(channel, "large")
@@ -519,11 +519,11 @@ def test_a_batch_whose_steps_fail_off_the_loop_goes_back_and_frees_its_room(
 
     receive(channel, message)
     deadline = time.monotonic() + 10
-    while channel.messages_reading and time.monotonic() < deadline:
+    while channel.payload_reader.messages_reading and time.monotonic() < deadline:
         hub.run_once()
     manager.check()
 
-    assert delivered == [] and channel.messages_reading == 0
+    assert delivered == [] and channel.payload_reader.messages_reading == 0
     assert len(manager) == 0
     assert sqs.visibility_changes == [("large", 0)]
 
@@ -561,7 +561,7 @@ def test_a_late_answers_lease_released_by_a_close_during_its_confirmation_stays_
     hub = Hub()
     channel.hub = hub
     clock.advance(100)
-    channel.answer_sent_at = clock.now - 25  # read 25 s after the receive was sent
+    channel.receiver.answer_sent_at = clock.now - 25  # read 25 s after the receive was sent
 
     receive(channel, sqs_message(channel, "late"))
     assert on_the_wire.wait(10)
@@ -569,7 +569,7 @@ def test_a_late_answers_lease_released_by_a_close_during_its_confirmation_stays_
     answer.set()
     join_receive_threads()
     deadline = time.monotonic() + 10
-    while channel.messages_reading and time.monotonic() < deadline:
+    while channel.payload_reader.messages_reading and time.monotonic() < deadline:
         hub.run_once()
     for _ in range(3):
         manager.check()
@@ -603,7 +603,7 @@ def test_a_parked_task_read_from_s3_is_copied_with_its_pointer_and_keeps_its_obj
     message = sqs_message(channel, "again", eta_in=3600, receive_count=2)
     full_body, pointer = message["Body"], S3Pointer("tasks", "k-1").body()
     message["Body"] = pointer
-    monkeypatch.setattr(payload_channel, "_read", lambda *_: full_body)
+    monkeypatch.setattr(payload_reader, "_read", lambda *_: full_body)
     monkeypatch.setattr(SQSQueue, "delete", REAL_DELETE)
 
     def all_ok(_: SQSQueue, operation: str, leases: Any, request: Any) -> Any:

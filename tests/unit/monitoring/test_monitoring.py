@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 from kombu.transport.virtual.exchange import TopicExchange
 
-from celery_sqs_heartbeat.monitoring.event_fanout import events_through_sns, wanted
+from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
+from celery_sqs_heartbeat.monitoring.event_fanout import EventFanout, events_through_sns, wanted
 from celery_sqs_heartbeat.options import InvalidTransportOption
 from celery_sqs_heartbeat.queues.cleanup import is_single_use
 from celery_sqs_heartbeat.startup.remote_control_notice import notice
@@ -101,3 +105,28 @@ def test_only_an_event_monitors_queue_is_single_use() -> None:
 def test_an_event_queue_named_by_its_receivers_node_id_is_not_single_use() -> None:
     """``Receiver(node_id=...)`` names the queue alike in every process that passes it."""
     assert not is_single_use("celeryev.dashboard", ["celeryev"])
+
+
+def test_an_event_the_queues_binding_does_not_match_is_acked_and_not_delivered() -> None:
+    """The event fanout on its own: a fake channel port routing ``celeryev`` through SNS."""
+    if not KOMBU_BROADCASTS_THROUGH_SNS:
+        pytest.skip("kombu 5.7's SNS fanout carries the events")
+    port = SimpleNamespace(
+        transport_options={"supports_fanout": True, "events_through_sns": True},
+        state=SimpleNamespace(exchanges={"celeryev": {"type": "topic"}}),
+        get_table=lambda exchange: [("worker.#", r"^worker\..*", "monitor")],
+    )
+    delivered: list[str] = []
+    acked: list[str] = []
+
+    def event(routing_key: str) -> Any:
+        info = {"exchange": "celeryev", "routing_key": routing_key}
+        return SimpleNamespace(delivery_info=info, ack=lambda: acked.append(routing_key))
+
+    callback = EventFanout(port).consumer_callback(  # type: ignore[arg-type]
+        "monitor", False, lambda message: delivered.append(message.delivery_info["routing_key"])
+    )
+    callback(event("task.succeeded"))
+    callback(event("worker.heartbeat"))
+
+    assert delivered == ["worker.heartbeat"] and acked == ["task.succeeded"]

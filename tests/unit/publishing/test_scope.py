@@ -286,7 +286,7 @@ def test_a_batched_body_put_in_s3_names_the_queue_s_account_as_the_bucket_owner(
     )
     message = channel.prepare_message("x" * 500, headers={"id": "big"})
     with sqs_stub, s3_stub:
-        entry = channel._unsent(
+        entry = channel.sender.unsent(
             "jobs", message, client, {"QueueUrl": aws_url, "MessageBody": "x" * 500}
         )
         s3_stub.assert_no_pending_responses()

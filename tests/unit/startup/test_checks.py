@@ -20,7 +20,9 @@ from celery_sqs_heartbeat.startup import checks as startup
 from celery_sqs_heartbeat.startup.checks import (
     NoCredentialsFound,
     QueueNotFound,
+    check_before_connecting,
     missing_credentials,
+    missing_queue_declared,
     queue_not_found,
 )
 from celery_sqs_heartbeat.startup.settings_line import describe
@@ -80,6 +82,18 @@ def test_other_errors_are_left_as_they_are(error: BaseException) -> None:
 
 # --- no credentials -----------------------------------------------------------------------
 
+
+
+def test_a_declare_names_the_predefined_url_or_the_cached_one_and_no_other_error() -> None:
+    missing = sqs_error("QueueDoesNotExist", "The specified queue does not exist.")
+    predefined = {"jobs": {"url": URL}}
+
+    by_predefined = missing_queue_declared("jobs", predefined, {}, missing)
+    by_cache = missing_queue_declared("jobs", {}, {"jobs": URL}, missing)
+
+    assert by_predefined is not None and "(its URL in predefined_queues)" in str(by_predefined)
+    assert by_cache is not None and f"at {URL}:" in str(by_cache)
+    assert missing_queue_declared("jobs", {}, {}, sqs_error("AccessDenied", "no")) is None
 
 @pytest.fixture
 def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
@@ -269,3 +283,14 @@ def test_a_ready_worker_of_this_transport_logs_the_line(caplog: pytest.LogCaptur
 
     (line,) = [r.getMessage() for r in caplog.records if r.name == transport.__name__]
     assert line.startswith("SQS leases of 45 s (visibility_timeout), renewed ")
+
+
+def test_a_channel_without_credentials_stops_before_it_connects(nowhere: Path) -> None:
+    """The check a channel makes first, on the transport's connection, before any part."""
+    client = SimpleNamespace(transport_options={}, userid=None, password=None)
+    connection = SimpleNamespace(
+        client=client, heartbeat_options=HeartbeatOptions.from_transport_options({})
+    )
+
+    with pytest.raises(NoCredentialsFound):
+        check_before_connecting(connection)

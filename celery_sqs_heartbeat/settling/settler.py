@@ -1,4 +1,4 @@
-"""kombu's SQS channel, settling what the consumer is done with through the manager.
+"""A channel's settling of what the consumer is done with, through the manager.
 
 An ack becomes a delete in the manager's outbox (batched, retried, the lease held until
 SQS confirms it); a reject becomes a release (at once, after ``release_delay``, or after
@@ -6,14 +6,15 @@ kombu's ``backoff_policy``), so SQS's receive count and dead-letter queue keep t
 retries; a message Celery will not run goes back to SQS when the channel closes. Nothing
 here waits for SQS, except the close at a worker's shutdown.
 
-The receive side, and the steps by which a lease is born, are
-:class:`celery_sqs_heartbeat.transport.Channel`'s, built on this class.
+The receive side, and the steps by which a lease is born, are the channel's
+:class:`~celery_sqs_heartbeat.receiving.intake.Intake`'s. The channel calls in here from
+its kombu hooks, handing over kombu's own step where this part goes around it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 from celery.utils.log import get_logger
@@ -23,7 +24,6 @@ from ..aws.sqs_facts import is_fifo
 from ..aws.sqs_queue import SQSQueue
 from ..compat import backoff_policy_of
 from ..leasing.leases import Lease
-from ..receiving.loop import ReceivingChannel
 from .celery_requests import worker_is_stopping
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..leasing.manager import VisibilityExtensionManager
     from ..options import HeartbeatOptions
 
-__all__ = ["SettlingChannel"]
+__all__ = ["Settler", "SettlingPort"]
 
 logger = get_logger(__name__)
 
@@ -40,13 +40,38 @@ logger = get_logger(__name__)
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
 
 
-class SettlingChannel(ReceivingChannel):
-    """Acks, rejects and the channel's close, through the manager's outbox."""
+class SettlingPort(Protocol):
+    """What the settler reads of its kombu channel."""
 
-    # Set by the lease-holding channel built on this one (transport.Channel).
-    options: HeartbeatOptions
-    manager: VisibilityExtensionManager
-    lease_table: LeaseTable
+    @property
+    def qos(self) -> Any: ...
+
+    @property
+    def connection(self) -> Any: ...
+
+    def _has_redrive_policy(self, queue: str, queue_url: str) -> Any: ...
+
+
+class Settler:
+    """Acks, rejects and the channel's close, through the manager's outbox.
+
+    ``release_delay`` says how long a message released at shutdown waits, by its
+    queue's URL (the receiver's ``shutdown_release_delay``).
+    """
+
+    def __init__(
+        self,
+        channel: SettlingPort,
+        options: HeartbeatOptions,
+        manager: VisibilityExtensionManager,
+        lease_table: LeaseTable,
+        release_delay: Callable[[str], int],
+    ) -> None:
+        self._channel = channel
+        self.options = options
+        self.manager = manager
+        self.lease_table = lease_table
+        self._release_delay = release_delay
 
     def end_leases(self, delivery_tags: Iterable[str], reason: str) -> None:
         """Release unstarted messages at shutdown, or just stop renewing them."""
@@ -56,7 +81,7 @@ class SettlingChannel(ReceivingChannel):
         if self.options.release_on_shutdown:
             self.manager.release(
                 [
-                    (lease, self._shutdown_release_delay(cast(SQSQueue, lease.queue).url))
+                    (lease, self._release_delay(cast(SQSQueue, lease.queue).url))
                     for lease in leases
                 ],
                 reason,
@@ -65,7 +90,7 @@ class SettlingChannel(ReceivingChannel):
             for lease in leases:
                 self.manager.end(lease)
 
-    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+    def ack(self, delivery_tag: str, multiple: bool, kombu_ack: Callable[[str, bool], Any]) -> None:
         """Leave the delete to the manager's outbox; the lease holds until SQS confirms it.
 
         Returns at once, never raises: a delete that fails is retried while the lease is
@@ -78,25 +103,28 @@ class SettlingChannel(ReceivingChannel):
                 # kombu's own ack: the lease ends before its synchronous delete.
                 self.manager.end(lease)
                 self._point_kombu_at(delivery_tag, lease)
-            super().basic_ack(delivery_tag, multiple)
+            kombu_ack(delivery_tag, multiple)
             return
         self.manager.delete(lease, self._batch_wait(lease))
-        VirtualChannel.basic_ack(self, delivery_tag, multiple)
+        # kombu's virtual ack only forgets the delivery; SQS's own would delete it now.
+        VirtualChannel.basic_ack(cast(Any, self._channel), delivery_tag, multiple)
 
-    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+    def reject(
+        self, delivery_tag: str, requeue: bool, kombu_reject: Callable[[str, bool], Any]
+    ) -> None:
         """Release the message to SQS instead of deleting or re-publishing it.
 
         SQS then counts the receive and moves the message to the dead-letter queue after
         ``maxReceiveCount``: retries are bookkept where they survive the worker. A task
         with a kombu ``backoff_policy`` is released after its backoff the same way. Any
-        other reject is kombu's (a delete, through :meth:`_delete_rejected_message`); its
+        other reject is kombu's (a delete, through :meth:`delete_rejected`); its
         lease ends whatever that path raises, or it would be renewed for 12 hours.
         """
         lease = self.lease_table.get(delivery_tag)
         release = None if lease is None else self._release_of_reject(delivery_tag, lease, requeue)
         if lease is None or release is None:
             try:
-                super().basic_reject(delivery_tag, requeue)
+                kombu_reject(delivery_tag, requeue)
             finally:
                 left = self.lease_table.let_go(delivery_tag)
                 if left is not None:
@@ -105,13 +133,13 @@ class SettlingChannel(ReceivingChannel):
         self.lease_table.let_go(delivery_tag)
         delay, reason = release
         self.manager.release([(lease, delay)], reason, self._batch_wait(lease))
-        self.qos.forget(delivery_tag)
+        self._channel.qos.forget(delivery_tag)
 
     def _release_of_reject(
         self, delivery_tag: str, lease: Lease, requeue: bool
     ) -> tuple[int, str] | None:
         """How a rejected message goes back to SQS: ``(delay, reason)``; None: kombu's way."""
-        backoff = backoff_policy_of(self.qos, delivery_tag)
+        backoff = backoff_policy_of(self._channel.qos, delivery_tag)
         if backoff is not None and not requeue:
             delay = backoff.get(lease.receive_count)
             return None if delay is None else (delay, "backoff")
@@ -120,13 +148,15 @@ class SettlingChannel(ReceivingChannel):
             return delay, "requeue" if requeue else "failure"
         return None
 
-    def _delete_rejected_message(self, delivery_tag: str) -> None:
+    def delete_rejected(
+        self, delivery_tag: str, kombu_delete: Callable[[str], Any]
+    ) -> None:
         """kombu deletes a message rejected without requeue: through the outbox here."""
         lease = self.lease_table.get(delivery_tag)
         if lease is None or not self.options.ack_batching:
             if lease is not None:
                 self._point_kombu_at(delivery_tag, lease)
-            super()._delete_rejected_message(delivery_tag)
+            kombu_delete(delivery_tag)
             return
         queue = cast(SQSQueue, lease.queue)
         if self._moves_to_dead_letters(queue):
@@ -142,8 +172,8 @@ class SettlingChannel(ReceivingChannel):
         reads it with the live connection's client. Unreadable, the message is left in
         the queue, as kombu leaves it.
         """
-        if self.connection is not None:
-            return bool(self._has_redrive_policy(queue.name, queue.url))
+        if self._channel.connection is not None:
+            return bool(self._channel._has_redrive_policy(queue.name, queue.url))
         try:
             return queue.has_redrive_policy()
         except (ClientError, BotoCoreError, OSError) as exc:
@@ -165,7 +195,7 @@ class SettlingChannel(ReceivingChannel):
             return 0.0
         return self.options.ack_batch_interval
 
-    def close(self) -> None:
+    def flush_at_close(self) -> None:
         """Send pending deletes and releases at once; wait for SQS only at a shutdown.
 
         A channel closes on the event loop at a reconnect (often because SQS is failing)
@@ -175,7 +205,6 @@ class SettlingChannel(ReceivingChannel):
         :data:`SHUTDOWN_FLUSH_TIMEOUT`: a cold shutdown may end the process without the
         ``atexit`` flush, and the messages released here would stay hidden for a lease.
         """
-        super().close()
         if not worker_is_stopping():
             self.manager.flush(0)
             return
@@ -191,7 +220,7 @@ class SettlingChannel(ReceivingChannel):
     def _point_kombu_at(self, delivery_tag: str, lease: Lease) -> None:
         """Make kombu's delete use the newest receipt: SQS ignores a delete by an older one."""
         try:
-            sqs_message = self.qos.get(delivery_tag).delivery_info["sqs_message"]
+            sqs_message = self._channel.qos.get(delivery_tag).delivery_info["sqs_message"]
         except KeyError:
             return
         sqs_message["ReceiptHandle"] = lease.receipt_handle

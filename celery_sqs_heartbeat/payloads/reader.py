@@ -1,4 +1,4 @@
-"""kombu's SQS channel, with bodies too large for SQS sent through S3 and read back.
+"""A channel's large bodies: sent through S3 when too large for SQS, and read back.
 
 Sending: every message kombu publishes (``delay()``, ``apply_async``, retries, chains,
 the worker's own publishing) goes out through the channel's ``_put`` and the queue's SQS
@@ -30,16 +30,14 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from botocore.client import BaseClient
 from celery.utils.log import get_logger
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
-from kombu.utils.objects import cached_property
 
 from ..compat import LoopWaker
-from ..receiving.loop import ReceivingChannel
 from ..receiving.steps import Received
 from .pointers import S3Pointer, pointer_in, size_in, unavailable_release_delay
 from .store import PayloadRefused, PayloadStore, PayloadUnavailable
@@ -49,7 +47,7 @@ if TYPE_CHECKING:
     from ..leasing.leases import Lease
     from ..leasing.manager import VisibilityExtensionManager
 
-__all__ = ["PayloadChannel", "ReadingQoS"]
+__all__ = ["PayloadReader", "ReadingPort", "ReadingQoS"]
 
 logger = get_logger(__name__)
 
@@ -60,8 +58,6 @@ Reads = dict[int, "str | PayloadUnavailable"]
 class ReadingQoS(SQS.QoS):
     """kombu's SQS QoS, counting the messages whose bodies are being read as taken."""
 
-    channel: PayloadChannel
-
     def can_consume(self) -> bool:
         estimate = self.can_consume_max_estimate()
         return estimate is None or estimate > 0
@@ -70,56 +66,78 @@ class ReadingQoS(SQS.QoS):
         estimate: int | None = super().can_consume_max_estimate()
         if estimate is None:
             return None
-        return max(estimate - self.channel.messages_reading, 0)
+        reading: int = self.channel.payload_reader.messages_reading
+        return max(estimate - reading, 0)
 
 
-class PayloadChannel(ReceivingChannel):
-    """Large bodies through S3: the send hook, and step 3 of a receive on both paths."""
+class ReadingPort(Protocol):
+    """What the payload reader reads of, and asks of, its kombu channel."""
 
-    manager: VisibilityExtensionManager
-    lease_table: LeaseTable
+    @property
+    def hub(self) -> Any: ...
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def _queue_cache(self) -> dict[str, str]: ...
+
+    def canonical_queue_name(self, queue_name: str) -> str: ...
+
+    def sqs(self, queue: str | None = None) -> BaseClient: ...
+
+
+class PayloadReader:
+    """Large bodies through S3: the send hook, and step 3 of a receive on both paths.
+
+    ``room_freed`` is called on the loop when a batch read off it no longer counts
+    against the prefetch window (the receiver's ``prefetch_room_freed``).
+    """
+
+    def __init__(
+        self,
+        channel: ReadingPort,
+        store: PayloadStore,
+        manager: VisibilityExtensionManager,
+        lease_table: LeaseTable,
+        room_freed: Callable[[], None],
+    ) -> None:
+        self._channel = channel
+        self.store = store
+        self._manager = manager
+        self._lease_table = lease_table
+        self._room_freed = room_freed
         #: Received messages whose batch waits off the loop (a confirmation, S3 reads): they
         #: count against the prefetch window (:class:`ReadingQoS`) until they are handed on.
         self.messages_reading = 0
         #: Their leases: released if the channel closes before the batch is back.
         self._leases_reading: set[Lease] = set()
 
-    @cached_property
-    def payloads(self) -> PayloadStore:
-        store: PayloadStore = self.connection.payload_store
-        return store
-
-    def sqs(self, queue: str | None = None) -> BaseClient:
-        """kombu's client for ``queue``, which sends large bodies through S3."""
-        client = super().sqs(queue=queue)
-        if self.payloads.options is not None:
+    def offload_large_bodies(self, client: BaseClient) -> None:
+        """Make ``client``'s SendMessage send a large body through S3, if the options say so."""
+        if self.store.options is not None:
             client.meta.events.register(
                 "provide-client-params.sqs.SendMessage",
-                partial(self.payloads.offload, client),
+                partial(self.store.offload, client),
                 unique_id="celery_sqs_heartbeat.large_payloads",
             )
-        return client
 
-    def _read_bodies_now(self, batch: list[Received], queue_name: str) -> list[Received]:
+    def read_bodies_now(self, batch: list[Received], queue_name: str) -> list[Received]:
         """Step 3 on the blocking path: the batch with its bodies read, inline."""
         pointers = _pointers(batch)
         if not pointers:
             return batch
-        store = self.payloads
-        client = self.sqs(queue=self.canonical_queue_name(queue_name))
+        store = self.store
+        client = self._channel.sqs(queue=self._channel.canonical_queue_name(queue_name))
         url = self._url_of(queue_name)
         reads = {i: _read(store, client, p, batch[i], url) for i, p in pointers.items()}
         return self._settle_reads(batch, pointers, reads, url)
 
     def _url_of(self, queue_name: str) -> str | None:
         """The queue's URL as kombu cached it at the receive: it names the account."""
-        url: str | None = self._queue_cache.get(self.canonical_queue_name(queue_name))
-        return url
+        return self._channel._queue_cache.get(self._channel.canonical_queue_name(queue_name))
 
-    def _off_the_loop(
+    def off_the_loop(
         self,
         batch: list[Received],
         queue_name: str,
@@ -136,10 +154,10 @@ class PayloadChannel(ReceivingChannel):
         """
         if not _pointers(batch) and not any(received.unconfirmed for received in batch):
             return False
-        store = self.payloads
-        client = self.sqs(queue=self.canonical_queue_name(queue_name))
+        store = self.store
+        client = self._channel.sqs(queue=self._channel.canonical_queue_name(queue_name))
         url = self._url_of(queue_name)
-        waker = LoopWaker.of(cast(Hub, self.hub))
+        waker = LoopWaker.of(cast(Hub, self._channel.hub))
         leases = {received.lease for received in batch if received.lease is not None}
         self.messages_reading += len(batch)
         self._leases_reading.update(leases)
@@ -181,8 +199,8 @@ class PayloadChannel(ReceivingChannel):
         try:
             then([r for r in readable if r.lease is None or not r.lease.ended])
         finally:
-            if not self.closed:
-                self.prefetch_room_freed()
+            if not self._channel.closed:
+                self._room_freed()
 
     def _back_unreceived(self, batch: list[Received]) -> None:
         """On the loop: a batch whose steps failed goes back to SQS, except what is held.
@@ -192,17 +210,16 @@ class PayloadChannel(ReceivingChannel):
         self.messages_reading -= len(batch)
         leases = [r.lease for r in batch if r.lease is not None]
         self._leases_reading.difference_update(leases)
-        unheld = [lease for lease in leases if not self.lease_table.holds(lease)]
-        self.manager.release([(lease, 0) for lease in unheld], "receive failed")
-        if not self.closed:
-            self.prefetch_room_freed()
+        unheld = [lease for lease in leases if not self._lease_table.holds(lease)]
+        self._manager.release([(lease, 0) for lease in unheld], "receive failed")
+        if not self._channel.closed:
+            self._room_freed()
 
     def close(self) -> None:
         """Messages still being read go back to SQS: no consumer is left to take them."""
         leaving, self._leases_reading = self._leases_reading, set()
         if leaving:
-            self.manager.release([(lease, 0) for lease in leaving], "shutdown")
-        super().close()
+            self._manager.release([(lease, 0) for lease in leaving], "shutdown")
 
     def _settle_reads(
         self,
@@ -230,10 +247,10 @@ class PayloadChannel(ReceivingChannel):
             if outcome is not None:
                 received.message["Body"] = outcome
                 if received.lease is not None:
-                    self.payloads.remember(received.lease, pointers[index], url)
+                    self.store.remember(received.lease, pointers[index], url)
             readable.append(received)
         if unreadable:
-            self.manager.release(
+            self._manager.release(
                 [(lease, unavailable_release_delay(lease.receive_count)) for lease in unreadable],
                 "payload unavailable",
             )

@@ -1,4 +1,4 @@
-"""kombu's SQS channel, whose publishes go in batches inside a batch-publishing scope.
+"""A channel's sender: its publishes go in batches inside a batch-publishing scope.
 
 kombu's ``_put`` builds each message's SendMessage (queue URL, body, attributes, FIFO
 group and deduplication ids, delay) differently from one kombu version to the next, and
@@ -10,16 +10,16 @@ client and URL its target. A body too large for SQS goes to S3 first, as a SendM
 would (:meth:`~celery_sqs_heartbeat.payloads.store.PayloadStore.offload`), so the entry
 is sized as SQS will count it, against its queue's ``MaximumMessageSize``
 (:meth:`~celery_sqs_heartbeat.aws.sqs_send.MessageLimits.of`). Outside a scope of the
-publishing thread's own nothing changes.
+publishing thread's own nothing changes. The channel's ``_put`` and ``sqs`` call in here.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 from botocore.client import BaseClient
-from kombu.transport import SQS
 
 from ..aws.sqs_facts import is_fifo
 from ..payloads.pointers import message_size
@@ -29,7 +29,7 @@ from .book import Unsent
 from .publisher import SendTarget
 from .scope import active_publisher
 
-__all__ = ["BatchPublishingChannel"]
+__all__ = ["Sender"]
 
 #: Per thread: the SendMessage calls caught while this thread's ``_put`` runs.
 _catching = threading.local()
@@ -52,41 +52,48 @@ class _SendCatcher:
         return getattr(self._client, name)
 
 
-class BatchPublishingChannel(SQS.Channel):
-    """``_put`` hands its message to the batch publisher while its thread has a scope open."""
+class Sender:
+    """Hands a put's message to the batch publisher while its thread has a scope open."""
 
-    payloads: PayloadStore
+    def __init__(self, store: PayloadStore, canonical_queue_name: Callable[[str], str]) -> None:
+        self._store = store
+        self._canonical_queue_name = canonical_queue_name
 
-    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+    def put(self, queue: str, message: dict[str, Any], kombu_put: Callable[[], None]) -> None:
+        """``kombu_put()``, its one SendMessage caught for a batch inside a scope.
+
+        A redelivery (kombu's restore) is a ChangeMessageVisibility, made at once.
+        """
         publisher = active_publisher()
         if publisher is None or message.get("redelivered"):
-            super()._put(queue, message, **kwargs)
+            kombu_put()
             return
         caught: list[tuple[BaseClient, dict[str, Any]]] = []
         _catching.sends = caught
         try:
-            super()._put(queue, message, **kwargs)
+            kombu_put()
         finally:
             _catching.sends = None
         for client, params in caught:
-            publisher.publish(self._unsent(queue, message, client, params))
+            publisher.publish(self.unsent(queue, message, client, params))
 
-    def sqs(self, queue: str | None = None) -> BaseClient:
-        client: BaseClient = super().sqs(queue=queue)
+    @staticmethod
+    def catching(client: BaseClient) -> BaseClient:
+        """``client``, catching its SendMessage while this thread's put runs in a scope."""
         caught = getattr(_catching, "sends", None)
         if caught is None:
             return client
         return cast(BaseClient, _SendCatcher(client, caught))
 
-    def _unsent(
+    def unsent(
         self, queue: str, message: dict[str, Any], client: BaseClient, params: dict[str, Any]
     ) -> Unsent:
         """The caught SendMessage as a batch entry, its body in S3 first if too large."""
         entry = dict(params)
         queue_url = entry.pop("QueueUrl")
-        if self.payloads.options is not None:
-            self.payloads.offload(client, entry, queue_url=queue_url)
-        fifo = is_fifo(self.canonical_queue_name(queue))
+        if self._store.options is not None:
+            self._store.offload(client, entry, queue_url=queue_url)
+        fifo = is_fifo(self._canonical_queue_name(queue))
         return Unsent(
             task_id=_task_id(message),
             target=SendTarget(client, queue_url),
