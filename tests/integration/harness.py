@@ -454,3 +454,20 @@ def assert_no_visibility_change_after_delete(bed: Bed) -> None:
             deleted[event["message_id"]] = event["t"]
         elif event["action"] == "change_visibility" and event["result"] == "ok":
             assert event["message_id"] not in deleted, event
+
+
+#: Celery's warning when its consumer's broker connection breaks, and what it logs at
+#: each (re)connect.
+CONNECTION_LOST = "Connection to broker lost"
+CONNECTED = "Connected to "
+
+
+def assert_reconnected(log: str) -> None:
+    """The worker lost its broker connection, then connected again: the drop did happen.
+
+    A drop that never came would leave a reconnect scenario passing on an undisturbed
+    worker.
+    """
+    lost = log.find(CONNECTION_LOST)
+    assert lost != -1, f"the worker never logged {CONNECTION_LOST!r}:\n{log}"
+    assert CONNECTED in log[lost:], f"no {CONNECTED!r} after the lost connection:\n{log}"
