@@ -32,6 +32,7 @@ from tests.integration.harness import (
     settle,
     wait_for,
 )
+from tests.integration.sqs_reads import dead_letter_count
 from tests.integration.test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
 
 LEASE = 3
@@ -122,14 +123,6 @@ class Enforced:
             attributes["RedrivePolicy"] = json.dumps(redrive)
         sqs.create_queue(QueueName=bed.queue, Attributes=attributes)
         return bed
-
-    def dead_lettered(self, bed: Bed) -> int:
-        sqs = self.sqs(self.ops)
-        url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-        attributes = sqs.get_queue_attributes(
-            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
-        )
-        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
 
 def make_user(iam: Any, name: str, *policies: dict[str, Any]) -> Keys:
@@ -234,6 +227,7 @@ def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
     released = releasing.send("fails", "released", "error", credentials=producer)
     rejected = rejecting.send("fails", "rejected", "error", credentials=producer)
     env = worker_env(enforced, enforced.worker)
+    ops = enforced.sqs(enforced.ops)
     with workers(
         (
             releasing,
@@ -257,7 +251,8 @@ def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
         releasing.wait_for_executions(2, timeout=30)
         assert settle(
             lambda: (
-                enforced.dead_lettered(releasing) == 1 and enforced.dead_lettered(rejecting) == 1
+                dead_letter_count(ops, releasing.queue) == 1
+                and dead_letter_count(ops, rejecting.queue) == 1
             ),
             timeout=20,
         ), "the failed tasks' messages never reached their dead-letter queues"

@@ -24,6 +24,7 @@ import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.integration.harness import Bed, Sent, new_bed, report, send_recorded, wait_for
+from tests.integration.sqs_reads import dead_lettered
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_worker_stops import events_of, of_action, start
 
@@ -127,7 +128,7 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_b
         bed.wait_for_executions(len(sent), timeout=4 * HOLD + 20)
         bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
         logs = [process.log for process in workers]
-    dead = dead_lettered(bed)
+    dead = dead_lettered(bed, wait_seconds=1)
     late = lateness(bed, sent)
     copies = sum(log.count("as a fresh copy") for log in logs)
     report("parking/dlq", runs=bed.runs_per_task(), lateness=late, copies=copies, dead=len(dead))
@@ -136,12 +137,6 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_b
     assert all(on_time(seconds) for seconds in late.values()), late
     assert copies >= len(sent), logs
     assert not any("Traceback" in log for log in logs)
-
-
-def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
-    sqs = bed.sqs()
-    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=1).get("Messages", []))
 
 
 def hidden(bed: Bed, task: Sent) -> bool:

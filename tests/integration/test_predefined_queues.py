@@ -45,6 +45,7 @@ from kombu.transport import SQS
 from celery_sqs_heartbeat.testing import Event, Refusal, StrictSQSServer
 from celery_sqs_heartbeat.testing.s3_protocol import identify_s3_call
 from tests.integration.harness import Bed, broker_url, report, settle, worker
+from tests.integration.sqs_reads import dead_letter_count, releases
 from tests.integration.test_iam_large_payloads import BUCKET, LARGE, PREFIX, s3_statements
 
 #: Short, so that tasks outlive several leases, but not so short that a renewal thread
@@ -194,12 +195,6 @@ class Setup:
             except ValueError:
                 continue  # a line two threads interleaved: none seen so far
         return calls
-
-    def dead_lettered(self, queue: str) -> int:
-        attributes = self.sqs(self.ops).get_queue_attributes(
-            QueueUrl=self.urls[f"{queue}-dlq"], AttributeNames=["ApproximateNumberOfMessages"]
-        )
-        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
     def bed(self, queue: str, tmp_path: Path) -> Bed:
         return Bed(
@@ -390,15 +385,9 @@ def lease_gaps(events: list[Event]) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(held)]
 
 
-def releases(server: StrictSQSServer, queue: str) -> list[Event]:
-    return [
-        e
-        for e in server.events()
-        if e["queue"] == queue
-        and e["action"] == "change_visibility"
-        and e["visibility"] == 0
-        and e["result"] == "ok"
-    ]
+def confirmed_releases(server: StrictSQSServer, queue: str) -> list[Event]:
+    """The releases of ``queue``'s messages that SQS took."""
+    return [e for e in releases(server.events()) if e["queue"] == queue and e["result"] == "ok"]
 
 
 def assert_no_secret_in(log: str, *keys: Keys) -> None:
@@ -480,7 +469,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         beds[first].wait_for_executions(8, timeout=40)
         settled = settle(
             lambda: (
-                all(enforced.dead_lettered(queue) == 1 for queue in beds)
+                all(dead_letter_count(enforced.sqs(enforced.ops), queue) == 1 for queue in beds)
                 and all(long_task_deleted(server, q) for q in beds)
                 and not enforced.objects()
             ),
@@ -518,7 +507,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         "per-queue keys",
         runs=beds[first].runs_per_task(),
         renewals=renewal_events,
-        releases={queue: len(releases(server, queue)) for queue in beds},
+        releases={queue: len(confirmed_releases(server, queue)) for queue in beds},
         calls_by_action_and_key={q: dict(c) for q, c in keys_used.items()},
         s3_calls_by_action_and_key={q: dict(c) for q, c in s3_keys.items()},
         broker_key_calls=dict(broker_calls),
@@ -553,8 +542,8 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         long_task = renewed_message(server, queue)
         assert renewal_events[queue] >= 3, long_task  # 9 s of work under a 3 s lease
         assert max(lease_gaps(long_task)) < LEASE, long_task
-        assert len(releases(server, queue)) == 2
-        assert enforced.dead_lettered(queue) == 1
+        assert len(confirmed_releases(server, queue)) == 2
+        assert dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
     assert "AccessDenied" not in log
     assert_no_secret_in(log, enforced.broker, *enforced.queue_keys.values())
 
@@ -612,7 +601,7 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         bed.wait_for_executions(4, timeout=long_seconds + 30)
         settled = settle(
             lambda: (
-                enforced.dead_lettered(queue) == 1
+                dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
                 and long_task_deleted(server, queue)
                 and not enforced.objects()
             ),
@@ -701,14 +690,14 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         for e in long_events
     ), long_events
     # The releases and the delete were signed with a role key newer than the first.
-    assert len(release_calls) == 2 and len(releases(server, queue)) == 2
+    assert len(release_calls) == 2 and len(confirmed_releases(server, queue)) == 2
     assert all(c.access_key_id != role_keys[0] for c in release_calls + deletes)
     assert deletes, on_queue
     # The large task's object was read and deleted with a role key newer than the first.
     s3_use = [(c.action, c.objects) for c in on_s3]
     assert s3_use == [("s3:GetObject", (large_key,)), ("s3:DeleteObjects", (large_key,))], on_s3
     assert all(c.access_key_id != role_keys[0] for c in on_s3)
-    assert enforced.dead_lettered(queue) == 1
+    assert dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
     assert "AccessDenied" not in log
     assert "ExpiredToken" not in log
     assert_no_secret_in(log, enforced.sts_base)

@@ -33,6 +33,7 @@ from tests.integration.harness import (
     send_recorded,
     wait_for,
 )
+from tests.integration.sqs_reads import releases
 
 BUSY = "tests.integration.app.busy"
 
@@ -97,10 +98,6 @@ def events_of(bed: Bed, task: Sent) -> list[dict[str, Any]]:
 
 def of_action(events: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
     return [e for e in events if e["action"] == action]
-
-
-def releases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in of_action(events, "change_visibility") if e["visibility"] == 0]
 
 
 def lease_end(events: list[dict[str, Any]], at: float) -> float:
