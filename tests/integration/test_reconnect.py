@@ -7,7 +7,9 @@ item 1) run after the reconnect, and the transport releases only the rest.
 
 Every cell checks that the connection was in fact dropped (Celery's "Connection to broker
 lost" warning) and made again (a second "Connected to"): a cell whose drop never came
-would otherwise pass on a worker that was never disrupted.
+would otherwise pass on a worker that was never disrupted. A gevent worker's consumer
+waits in its pool's ``spawn`` while the pool is full, so its drop comes once a running task
+ends and the consumer waits for messages again; the others drop while the tasks run.
 """
 
 from __future__ import annotations
