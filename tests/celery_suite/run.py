@@ -34,9 +34,9 @@ from pathlib import Path
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.celery_suite.deselect import DESELECTED_FILE, read_deselected
+from tests.ports import HOST, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"
 
 #: Per test, pytest-timeout's limit: above the slowest tests that pass, and below a hung
 #: test wasting much of CI's time. ``test_backend_leak_in_fixture_teardown.py`` starts
@@ -156,7 +156,7 @@ def _redis_server_executable() -> str:
 def redis_server() -> Iterator[str]:
     """A throwaway ``redis-server`` on a free port of 127.0.0.1; yields its URL."""
     executable = _redis_server_executable()
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [executable, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
@@ -230,12 +230,6 @@ def suite_env(redis_url: str, config: dict[str, object]) -> dict[str, str]:
         AWS_DEFAULT_REGION=StrictSQSServer.REGION,
     )
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 10) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -34,13 +35,6 @@ groups = get_spark().range(100_000).groupBy(F.col("id") % 7).count().count()
 print(f"job done: {groups} groups", flush=True)
 time.sleep(float(sys.argv[1]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _wait_for(path: Path, text: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
@@ -78,13 +72,13 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A standalone Spark cluster of one master and one 2-core worker; its master URL."""
     directory = tmp_path_factory.mktemp("spark-cluster")
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     master = _start(
         [
             spark_class,
             "org.apache.spark.deploy.master.Master",
-            *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())),
+            *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
         ],
         directory / "master.log",
         SPARK_ENV,
@@ -94,7 +88,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             spark_class,
             "org.apache.spark.deploy.worker.Worker",
             *("--host", "127.0.0.1", "--cores", "2", "--memory", "2g"),
-            *("--webui-port", str(_free_port()), "--work-dir", str(directory / "work"), url),
+            *("--webui-port", str(free_port()), "--work-dir", str(directory / "work"), url),
         ],
         directory / "worker.log",
         SPARK_ENV,

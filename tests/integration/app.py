@@ -217,14 +217,36 @@ def reads_a_queue_of_its_own(self, label: str) -> str:
 def _lose_the_connection_later(sender: Any, **_: Any) -> None:
     """With IT_DROP_CONNECTION_AFTER, break the consumer's connection once, as a network would.
 
-    The error surfaces inside the event loop, where Celery's consumer treats it as a lost
-    broker connection and restarts it.
+    The error surfaces inside the consumer's loop, where Celery treats it as a lost broker
+    connection and restarts it: through the event loop where the worker has one (prefork,
+    threads, solo), else (gevent) at the blocking loop's next wait for messages.
     """
     seconds = os.environ.pop("IT_DROP_CONNECTION_AFTER", None)
-    if seconds is None or sender.hub is None:
+    if seconds is None:
+        return
+    if sender.hub is None:
+        _fail_a_later_drain(sender.connection, time.monotonic() + float(seconds))
         return
 
     def lose() -> None:
         raise ConnectionResetError("connection to SQS dropped by the test")
 
     sender.hub.call_later(float(seconds), sender.hub.call_soon, lose)
+
+
+def _fail_a_later_drain(connection: Any, at: float) -> None:
+    """The first ``drain_events`` from ``at`` on raises, as a reset socket would.
+
+    Celery's blocking loop waits for messages in ``connection.drain_events``, and treats
+    what it raises as a lost connection; the consumer connects anew, so this one
+    connection is the only one to fail.
+    """
+    drain = connection.drain_events
+
+    def drain_or_drop(**kwargs: Any) -> Any:
+        if time.monotonic() < at:
+            return drain(**kwargs)
+        del connection.drain_events
+        raise ConnectionResetError("connection to SQS dropped by the test")
+
+    connection.drain_events = drain_or_drop

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.integration.harness import Bed, leaks, new_bed
+from tests.integration.iam import enforcing
 
 
 @pytest.fixture
@@ -19,6 +21,32 @@ def bed(sqs_server: StrictSQSServer, tmp_path: Path) -> Bed:
     """
     sqs_server.forget_deleted_queues()
     return new_bed(sqs_server, tmp_path)
+
+
+@pytest.fixture
+def short_hold_bed(short_hold_server: StrictSQSServer, tmp_path: Path) -> Bed:
+    """A fresh queue and record file on the module's short-hold server (tests/conftest.py)."""
+    return new_bed(short_hold_server, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def enforced(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A server of the module's own that enforces IAM, and what the module made on it first.
+
+    The module's ``iam_setup(iam: Iam)`` makes its users, roles, queues and buckets and
+    returns what its tests use; IAM is enforced after it. With ``IAM_RECORDING = True``
+    in the module, moto's recorder keeps every request from then on (``iam.recorded``).
+    """
+    module = request.module
+    recording = None
+    if getattr(module, "IAM_RECORDING", False):
+        recording = tmp_path_factory.mktemp("moto-recording") / "requests.jsonl"
+    with enforcing(recording) as iam:
+        setup = module.iam_setup(iam)
+        iam.enforce()
+        yield setup
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -73,18 +73,7 @@ class Bed:
 
     def create_queue(self, visibility_timeout: int, max_receive_count: int | None = None) -> str:
         """Create the queue up front, as ops teams do, with a dead-letter queue if asked."""
-        sqs = self.sqs()
-        attributes = {"VisibilityTimeout": str(visibility_timeout)}
-        if max_receive_count is not None:
-            dead = sqs.create_queue(QueueName=f"{self.queue}-dlq")["QueueUrl"]
-            arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
-            attributes["RedrivePolicy"] = json.dumps(
-                {
-                    "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
-                    "maxReceiveCount": str(max_receive_count),
-                }
-            )
-        return str(sqs.create_queue(QueueName=self.queue, Attributes=attributes)["QueueUrl"])
+        return create_queue(self.sqs(), self.queue, visibility_timeout, max_receive_count)
 
     @contextmanager
     def client_app(
@@ -149,6 +138,27 @@ class Bed:
                 return done
             time.sleep(0.2)
         return self.executions()
+
+
+def create_queue(
+    sqs: Any, name: str, visibility_timeout: int, max_receive_count: int | None = None
+) -> str:
+    """Create queue ``name`` with the client ``sqs``; its URL.
+
+    With ``max_receive_count``, SQS moves a message received that many times to the
+    dead-letter queue ``<name>-dlq``, made first (``sqs_reads.dead_lettered`` reads it).
+    """
+    attributes = {"VisibilityTimeout": str(visibility_timeout)}
+    if max_receive_count is not None:
+        dead = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
+        attributes["RedrivePolicy"] = json.dumps(
+            {
+                "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
+                "maxReceiveCount": str(max_receive_count),
+            }
+        )
+    return str(sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"])
 
 
 T = TypeVar("T")
@@ -454,3 +464,20 @@ def assert_no_visibility_change_after_delete(bed: Bed) -> None:
             deleted[event["message_id"]] = event["t"]
         elif event["action"] == "change_visibility" and event["result"] == "ok":
             assert event["message_id"] not in deleted, event
+
+
+#: Celery's warning when its consumer's broker connection breaks, and what it logs at
+#: each (re)connect.
+CONNECTION_LOST = "Connection to broker lost"
+CONNECTED = "Connected to "
+
+
+def assert_reconnected(log: str) -> None:
+    """The worker lost its broker connection, then connected again: the drop did happen.
+
+    A drop that never came would leave a reconnect scenario passing on an undisturbed
+    worker.
+    """
+    lost = log.find(CONNECTION_LOST)
+    assert lost != -1, f"the worker never logged {CONNECTION_LOST!r}:\n{log}"
+    assert CONNECTED in log[lost:], f"no {CONNECTED!r} after the lost connection:\n{log}"

@@ -15,8 +15,7 @@ are still alive, and the queues are empty at the end.
 
 CI runs :func:`covering_set`: 25 cells in which every pair (pool and disruption, pool and
 shape, disruption and shape) meets at least once. ``IT_CROSSINGS=all`` runs the whole
-product (95 cells: a reconnect is injected through the event loop, which a gevent worker
-has none of), for when someone wants it::
+product (100 cells), for when someone wants it::
 
     IT_CROSSINGS=all .venv/bin/python -m pytest tests/integration/test_crossings.py -n 3
 
@@ -39,7 +38,14 @@ from typing import Any
 import celery
 import pytest
 
-from tests.integration.harness import Bed, Worker, assert_queue_empty, report, wait_for
+from tests.integration.harness import (
+    Bed,
+    Worker,
+    assert_queue_empty,
+    assert_reconnected,
+    report,
+    wait_for,
+)
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_fifo import send as send_in_group
 from tests.integration.test_large_payloads import LARGE, new_bucket
@@ -64,11 +70,6 @@ DISRUPTIONS = ("reconnect", "warm_shutdown", "sigkill", "outage", "slow_deletes"
 SHAPES = ("one_queue", "two_queues", "far_countdown", "s3_body", "fifo_group")
 
 
-def feasible(pool: str, disruption: str) -> bool:
-    """A reconnect is injected through the worker's event loop; a gevent worker has none."""
-    return not (pool == "gevent" and disruption == "reconnect")
-
-
 @dataclass(frozen=True)
 class Cell:
     pool: str
@@ -83,22 +84,18 @@ def covering_set() -> list[Cell]:
     """Every pair at least once, in one cell per disruption and shape (25).
 
     The pool of the cell in row ``d`` (disruption) and column ``s`` (shape) is pool
-    ``(d + s) mod 4``: each row and each column runs through all four pools. A cell whose
-    pool cannot take its disruption takes the next pool; its shape meets that pool in
-    another row.
+    ``(d + s) mod 4``: each row and each column runs through all four pools.
     """
-    cells = []
-    for (d, disruption), (s, shape) in itertools.product(enumerate(DISRUPTIONS), enumerate(SHAPES)):
-        turn = d + s
-        while not feasible(POOLS[turn % len(POOLS)], disruption):
-            turn += 1
-        cells.append(Cell(POOLS[turn % len(POOLS)], disruption, shape))
-    return cells
+    return [
+        Cell(POOLS[(d + s) % len(POOLS)], disruption, shape)
+        for (d, disruption), (s, shape) in itertools.product(
+            enumerate(DISRUPTIONS), enumerate(SHAPES)
+        )
+    ]
 
 
 def every_cell() -> list[Cell]:
-    product = itertools.product(POOLS, DISRUPTIONS, SHAPES)
-    return [Cell(*cell) for cell in product if feasible(cell[0], cell[1])]
+    return [Cell(*cell) for cell in itertools.product(POOLS, DISRUPTIONS, SHAPES)]
 
 
 CELLS = every_cell() if os.environ.get("IT_CROSSINGS") == "all" else covering_set()
@@ -120,7 +117,6 @@ def test_the_covering_set_meets_every_pair() -> None:
         *(("pool-shape", p, s) for p, s in itertools.product(POOLS, SHAPES)),
         *(("disruption-shape", d, s) for d, s in itertools.product(DISRUPTIONS, SHAPES)),
     }
-    wanted = {pair for pair in wanted if pair[0] != "pool-disruption" or feasible(*pair[1:])}
     assert wanted - met == set()
     assert len(cells) == len(DISRUPTIONS) * len(SHAPES)
 
@@ -307,6 +303,8 @@ def test_every_task_runs_once(cell: Cell, bed: Bed, request: pytest.FixtureReque
             if name not in run.stopped
         }
         logs = "".join(process.log_path.read_text() for process in run.workers.values())
+    if cell.disruption == "reconnect":
+        assert_reconnected(run.workers["a"].log_path.read_text())
     runs = bed.runs_per_task()
     duplicates = sum(count - 1 for count in runs.values() if count > 1)
     lost = [task_id for task_id in sent if task_id not in runs]

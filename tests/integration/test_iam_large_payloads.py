@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.integration.harness import Bed, settle
-from tests.integration.test_iam_policy import (
-    Keys,
-    make_user,
-    published_policy,
-    without_action,
-    worker_env,
-    workers,
-)
+from tests.integration.iam import Iam, Keys, allow, client, published_policy, without_action
+from tests.integration.test_iam_policy import worker_env, workers
 
 BUCKET = "celery-it-payloads"
 PREFIX = "celery/"
@@ -52,11 +44,11 @@ class Enforced:
     producer: Keys
     worker: Keys
     worker_without_delete: Keys
-    ops_kwargs: dict[str, Any]
+    ops_keys: Keys
 
     @property
     def ops(self) -> Any:
-        return boto3.client("s3", config=self.server.s3_config, **self.ops_kwargs)
+        return client(self.server, "s3", self.ops_keys)
 
     def objects(self) -> list[str]:
         listed = self.ops.list_objects_v2(Bucket=BUCKET).get("Contents") or []
@@ -65,39 +57,26 @@ class Enforced:
     def new_bed(self, tmp_path: Path, name: str) -> Bed:
         queue = f"celery-it-{uuid.uuid4().hex[:8]}"
         bed = Bed(self.server, queue, tmp_path / f"{name}.jsonl", tmp_path)
-        sqs = boto3.client("sqs", **self.ops_kwargs)
+        sqs = client(self.server, "sqs", self.ops_keys)
         sqs.create_queue(QueueName=bed.queue, Attributes={"VisibilityTimeout": "30"})
         return bed
 
 
-@pytest.fixture(scope="module")
-def enforced() -> Iterator[Enforced]:
-    """Its own server: enforcement cannot be turned off. ``ops`` is the server's own key."""
-    with StrictSQSServer() as server:
-        iam = boto3.client("iam", **server.boto3_kwargs)
-        everything = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": ["sqs:*", "s3:*"], "Resource": "*"}],
-        }
-        ops_keys = make_user(iam, "ops", everything)
-        ops_kwargs = {
-            **server.boto3_kwargs,
-            "aws_access_key_id": ops_keys[0],
-            "aws_secret_access_key": ops_keys[1],
-        }
-        worker = with_s3("worker")
-        setup = Enforced(
-            server=server,
-            producer=make_user(iam, "producer", with_s3("producer")),
-            worker=make_user(iam, "worker", worker),
-            worker_without_delete=make_user(
-                iam, "worker-without-delete", without_action(worker, "s3:DeleteObject")
-            ),
-            ops_kwargs=ops_kwargs,
-        )
-        setup.ops.create_bucket(Bucket=BUCKET)
-        server.enforce_iam()
-        yield setup
+def iam_setup(iam: Iam) -> Enforced:
+    """The users of this module and its bucket, made before the ``enforced`` fixture
+    enforces IAM. ``ops`` stands for the infrastructure code: allowed all of SQS and S3."""
+    worker = with_s3("worker")
+    setup = Enforced(
+        server=iam.server,
+        producer=iam.user("producer", with_s3("producer")),
+        worker=iam.user("worker", worker),
+        worker_without_delete=iam.user(
+            "worker-without-delete", without_action(worker, "s3:DeleteObject")
+        ),
+        ops_keys=iam.user("ops", allow(["sqs:*", "s3:*"], "*")),
+    )
+    setup.ops.create_bucket(Bucket=BUCKET)
+    return setup
 
 
 OPTIONS = {"large_payload_bucket": BUCKET, "large_payload_prefix": PREFIX}
@@ -130,14 +109,7 @@ def test_the_producer_cannot_read_and_a_worker_without_delete_leaves_the_object(
         "sized", "large", "x" * LARGE, credentials=enforced.producer, transport_options=OPTIONS
     )
     [key] = [k for k in enforced.objects() if k.startswith(PREFIX)]
-    producer = boto3.client(
-        "s3",
-        config=enforced.server.s3_config,
-        endpoint_url=enforced.server.endpoint_url,
-        region_name=enforced.server.REGION,
-        aws_access_key_id=enforced.producer[0],
-        aws_secret_access_key=enforced.producer[1],
-    )
+    producer = client(enforced.server, "s3", enforced.producer)
     with pytest.raises(producer.exceptions.ClientError, match="AccessDenied"):
         producer.get_object(Bucket=BUCKET, Key=key)
     env = bed.env(options=OPTIONS, **worker_env(enforced, enforced.worker_without_delete))

@@ -7,8 +7,6 @@ the ones that ran here. moto evaluates fewer policy features than AWS (see
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -17,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
@@ -28,46 +24,16 @@ from tests.integration.harness import (
     Bed,
     Worker,
     broker_url,
+    create_queue,
     needs_sns_fanout,
     settle,
     wait_for,
 )
+from tests.integration.iam import Iam, Keys, allow, client, published_policy, without_action
+from tests.integration.sqs_reads import dead_letter_count
 from tests.integration.test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
 
 LEASE = 3
-ACCOUNT_ID = "123456789012"
-"""moto's account: the one whose users and queues the server knows."""
-NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
-
-Keys = tuple[str, str]
-
-
-POLICIES_PAGE = REPO / "docs" / "iam.md"
-
-
-def published_policy(role: str) -> dict[str, Any]:
-    """The policy document that follows ``<!-- iam-policy: ROLE -->`` in docs/iam.md."""
-    page = POLICIES_PAGE.read_text()
-    marker = f"<!-- iam-policy: {role} -->"
-    assert page.count(marker) == 1, f"docs/iam.md must hold {marker} exactly once"
-    block = re.match(r"\s*```json\n(.*?)\n```", page.split(marker, 1)[1], re.DOTALL)
-    assert block is not None, f"no ```json block right after {marker}"
-    text = block.group(1).replace("REGION", StrictSQSServer.REGION)
-    document: dict[str, Any] = json.loads(text.replace("ACCOUNT_ID", ACCOUNT_ID))
-    return document
-
-
-def without_action(policy: dict[str, Any], action: str) -> dict[str, Any]:
-    """``policy`` less one action; a statement left with no action goes, as IAM wants."""
-    statements = []
-    for statement in policy["Statement"]:
-        actions = statement["Action"]
-        actions = [actions] if isinstance(actions, str) else actions
-        kept = [a for a in actions if a != action]
-        if kept:
-            statements.append({**statement, "Action": kept})
-    assert statements != policy["Statement"], f"{action} is not in the policy"
-    return {**policy, "Statement": statements}
 
 
 @dataclass(frozen=True)
@@ -89,14 +55,7 @@ class Enforced:
     """Stands for the infrastructure code that creates queues; allowed all of SQS."""
 
     def sqs(self, keys: Keys) -> Any:
-        return boto3.client(
-            "sqs",
-            endpoint_url=self.server.endpoint_url,
-            region_name=StrictSQSServer.REGION,
-            aws_access_key_id=keys[0],
-            aws_secret_access_key=keys[1],
-            config=NO_RETRIES,
-        )
+        return client(self.server, "sqs", keys, retries=False)
 
     def refused(self, *keys: Keys) -> list[Refusal]:
         ids = {access_key_id for access_key_id, _ in keys}
@@ -110,76 +69,36 @@ class Enforced:
             records=tmp_path / f"executions-{name}.jsonl",
             logs=tmp_path,
         )
-        sqs = self.sqs(self.ops)
-        attributes = {"VisibilityTimeout": "30"}
-        if max_receive_count is not None:
-            dead = sqs.create_queue(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-            arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
-            redrive = {
-                "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
-                "maxReceiveCount": str(max_receive_count),
-            }
-            attributes["RedrivePolicy"] = json.dumps(redrive)
-        sqs.create_queue(QueueName=bed.queue, Attributes=attributes)
+        create_queue(self.sqs(self.ops), bed.queue, 30, max_receive_count)
         return bed
 
-    def dead_lettered(self, bed: Bed) -> int:
-        sqs = self.sqs(self.ops)
-        url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-        attributes = sqs.get_queue_attributes(
-            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
-        )
-        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
-
-def make_user(iam: Any, name: str, *policies: dict[str, Any]) -> Keys:
-    iam.create_user(UserName=name)
-    for number, policy in enumerate(policies):
-        iam.put_user_policy(
-            UserName=name, PolicyName=f"{name}-{number}", PolicyDocument=json.dumps(policy)
-        )
-    key = iam.create_access_key(UserName=name)["AccessKey"]
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
-@pytest.fixture(scope="module")
-def enforced() -> Iterator[Enforced]:
-    """Its own server: enforcement cannot be turned off, and would fail the other tests."""
-    with StrictSQSServer() as server:
-        iam = boto3.client("iam", **server.boto3_kwargs)
-        worker_policy = published_policy("worker")
-        producer_policy = published_policy("producer")
-        monitoring_policy = published_policy("monitoring")
-        everything = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}],
-        }
-        setup = Enforced(
-            server=server,
-            producer=make_user(iam, "producer", producer_policy),
-            worker=make_user(iam, "worker", worker_policy),
-            worker_without_renewals=make_user(
-                iam,
-                "worker-without-renewals",
-                without_action(worker_policy, "sqs:ChangeMessageVisibility"),
-            ),
-            producer_without_listing=make_user(
-                iam, "producer-without-listing", without_action(producer_policy, "sqs:ListQueues")
-            ),
-            worker_without_listing=make_user(
-                iam, "worker-without-listing", without_action(worker_policy, "sqs:ListQueues")
-            ),
-            monitored_worker=make_user(iam, "monitored-worker", worker_policy, monitoring_policy),
-            monitor=make_user(iam, "monitor", monitoring_policy),
-            monitor_without_subscribing=make_user(
-                iam,
-                "monitor-without-subscribing",
-                without_action(monitoring_policy, "sns:Subscribe"),
-            ),
-            ops=make_user(iam, "ops", everything),
-        )
-        server.enforce_iam()
-        yield setup
+def iam_setup(iam: Iam) -> Enforced:
+    """The users of this module, made before the ``enforced`` fixture enforces IAM."""
+    worker_policy = published_policy("worker")
+    producer_policy = published_policy("producer")
+    monitoring_policy = published_policy("monitoring")
+    return Enforced(
+        server=iam.server,
+        producer=iam.user("producer", producer_policy),
+        worker=iam.user("worker", worker_policy),
+        worker_without_renewals=iam.user(
+            "worker-without-renewals",
+            without_action(worker_policy, "sqs:ChangeMessageVisibility"),
+        ),
+        producer_without_listing=iam.user(
+            "producer-without-listing", without_action(producer_policy, "sqs:ListQueues")
+        ),
+        worker_without_listing=iam.user(
+            "worker-without-listing", without_action(worker_policy, "sqs:ListQueues")
+        ),
+        monitored_worker=iam.user("monitored-worker", worker_policy, monitoring_policy),
+        monitor=iam.user("monitor", monitoring_policy),
+        monitor_without_subscribing=iam.user(
+            "monitor-without-subscribing", without_action(monitoring_policy, "sns:Subscribe")
+        ),
+        ops=iam.user("ops", allow("sqs:*", "*")),
+    )
 
 
 def worker_env(enforced: Enforced, keys: Keys) -> dict[str, str]:
@@ -234,6 +153,7 @@ def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
     released = releasing.send("fails", "released", "error", credentials=producer)
     rejected = rejecting.send("fails", "rejected", "error", credentials=producer)
     env = worker_env(enforced, enforced.worker)
+    ops = enforced.sqs(enforced.ops)
     with workers(
         (
             releasing,
@@ -257,7 +177,8 @@ def test_the_readme_policies_run_long_and_failing_tasks_with_nothing_refused(
         releasing.wait_for_executions(2, timeout=30)
         assert settle(
             lambda: (
-                enforced.dead_lettered(releasing) == 1 and enforced.dead_lettered(rejecting) == 1
+                dead_letter_count(ops, releasing.queue) == 1
+                and dead_letter_count(ops, rejecting.queue) == 1
             ),
             timeout=20,
         ), "the failed tasks' messages never reached their dead-letter queues"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,18 +31,22 @@ from celery import Celery
 from celery_sqs_heartbeat import PublishingFailed, publishing_in_batches
 from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.integration.harness import broker_url, report
-from tests.integration.test_iam_large_payloads import BUCKET, LARGE, with_s3
-from tests.integration.test_iam_policy import Keys, make_user, published_policy, without_action
-from tests.integration.test_predefined_queues import (
-    ACCOUNT_ID,
-    LARGE_PAYLOADS,
+from tests.integration.iam import (
     Call,
-    _moto_api,
-    _parse_recorded,
+    Iam,
+    Keys,
     allow,
+    client,
+    published_policy,
+    recorded,
+    without_action,
 )
+from tests.integration.test_iam_large_payloads import BUCKET, LARGE, with_s3
+from tests.integration.test_predefined_queues import LARGE_PAYLOADS
 
 BUSY = "tests.integration.app.busy"
+#: The ``enforced`` fixture's server records every request: which key signed each call.
+IAM_RECORDING = True
 SIZED = "tests.integration.app.sized"
 
 
@@ -61,13 +64,7 @@ class Setup:
     role_arn: str
 
     def sqs(self) -> Any:
-        return boto3.client(
-            "sqs",
-            endpoint_url=self.server.endpoint_url,
-            region_name=StrictSQSServer.REGION,
-            aws_access_key_id=self.ops[0],
-            aws_secret_access_key=self.ops[1],
-        )
+        return client(self.server, "sqs", self.ops)
 
     def new_queue(self) -> tuple[str, str]:
         """A queue under the policies' ``celery*`` prefix, made by ops: its name and URL."""
@@ -93,72 +90,32 @@ class Setup:
         if not body.startswith("["):
             return body
         pointer = json.loads(body)[1]
-        s3 = boto3.client(
-            "s3",
-            config=self.server.s3_config,
-            endpoint_url=self.server.endpoint_url,
-            region_name=StrictSQSServer.REGION,
-            aws_access_key_id=self.ops[0],
-            aws_secret_access_key=self.ops[1],
-        )
+        s3 = client(self.server, "s3", self.ops)
         stored = s3.get_object(Bucket=pointer["s3BucketName"], Key=pointer["s3Key"])
         return str(stored["Body"].read().decode())
 
     def recorded(self) -> list[Call]:
-        calls = []
-        for line in _moto_api(self.server, "GET", "download-recording").splitlines():
-            try:
-                calls.append(_parse_recorded(json.loads(line)))
-            except ValueError:
-                continue
-        return calls
+        return recorded(self.server)
 
 
-@pytest.fixture(scope="module")
-def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    """Its own server: enforcement cannot be turned off, and would fail the other tests."""
-    recording = tmp_path_factory.mktemp("moto-recording") / "requests.jsonl"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MOTO_RECORDER_FILEPATH", str(recording))
-        patch.delenv("MOTO_ENABLE_RECORDING", raising=False)
-        server = StrictSQSServer().start()
-    try:
-        iam = boto3.client("iam", **server.boto3_kwargs)
-        role_name = f"celery-producer-{uuid.uuid4().hex[:8]}"
-        trust = allow("sts:AssumeRole", "*")["Statement"][0]
-        del trust["Resource"]
-        trust["Principal"] = {"AWS": f"arn:aws:iam::{ACCOUNT_ID}:user/sts-base"}
-        iam.create_role(
-            RoleName=role_name,
-            AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [trust]}),
-        )
-        iam.put_role_policy(
-            RoleName=role_name,
-            PolicyName="producer",
-            PolicyDocument=json.dumps(published_policy("producer")),
-        )
-        role_arn = f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name}"
-        producer = with_s3("producer")
-        setup = Setup(
-            server=server,
-            ops=make_user(iam, "ops", allow(["sqs:*", "s3:*"], "*")),
-            producer=make_user(iam, "producer", producer),
-            producer_without_send=make_user(
-                iam, "producer-without-send", without_action(producer, "sqs:SendMessage")
-            ),
-            sts_base=make_user(iam, "sts-base", allow("sts:AssumeRole", role_arn)),
-            role_arn=role_arn,
-        )
-        boto3.client("s3", config=server.s3_config, **server.boto3_kwargs).create_bucket(
-            Bucket=BUCKET
-        )
-        server.enforce_iam()
-        _moto_api(server, "POST", "start-recording")
-        # moto writes its recording file at the first request recorded.
-        setup.sqs().list_queues()
-        yield setup
-    finally:
-        server.stop()
+def iam_setup(iam: Iam) -> Setup:
+    """The users and role of this module and its bucket, made before the ``enforced``
+    fixture enforces IAM; ``ops`` stands for the infrastructure code."""
+    role_name = f"celery-producer-{uuid.uuid4().hex[:8]}"
+    role_arn = iam.role(role_name, "sts-base", published_policy("producer"))
+    producer = with_s3("producer")
+    setup = Setup(
+        server=iam.server,
+        ops=iam.user("ops", allow(["sqs:*", "s3:*"], "*")),
+        producer=iam.user("producer", producer),
+        producer_without_send=iam.user(
+            "producer-without-send", without_action(producer, "sqs:SendMessage")
+        ),
+        sts_base=iam.user("sts-base", allow("sts:AssumeRole", role_arn)),
+        role_arn=role_arn,
+    )
+    iam.admin("s3").create_bucket(Bucket=BUCKET)
+    return setup
 
 
 def producer(setup: Setup, keys: Keys, queue: str, **options: Any) -> Celery:

@@ -21,6 +21,7 @@ import pytest
 from celery import Celery, chain
 
 from tests.integration.harness import REPO, Bed, assert_queue_empty, settle, worker
+from tests.integration.sqs_reads import dead_lettered
 
 #: Over SQS's 1 MiB once kombu base64-encodes it.
 LARGE = 1_100_000
@@ -138,12 +139,6 @@ def test_keep_objects_leaves_the_object_for_a_lifecycle_rule(bed: Bed) -> None:
     assert [r["outcome"] for r in done] == [f"ok:{LARGE}"], log
     assert emptied
     assert objects(bed, bucket) == [key]
-
-
-def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
-    sqs = bed.sqs()
-    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=5).get("Messages", []))
 
 
 def _queue_empty(bed: Bed) -> bool:

@@ -21,6 +21,7 @@ from celery import Celery
 from kombu import Producer
 
 from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for, worker
+from tests.ports import free_port
 
 LEASE = 3
 CELERY = [sys.executable, "-m", "celery", "-A", "tests.integration.app"]
@@ -413,13 +414,6 @@ def test_pool_children_that_asked_the_workers_leave_no_reply_queue(bed: Bed) -> 
 
     assert len({record["pid"] for record in done}) == 3, (done, process.output)
     assert left == set(), left
-
-
-def free_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        port: int = listener.getsockname()[1]
-        return port
 
 
 @contextmanager

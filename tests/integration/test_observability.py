@@ -17,18 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
 from tests.integration.harness import REPO, Bed, needs_sns_fanout, worker
+from tests.ports import free_port
 
 LEASE = 3
 
 # Never through a configured proxy: everything here is on 127.0.0.1.
 _local = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> dict[str, float]:

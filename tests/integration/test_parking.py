@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from celery_sqs_heartbeat.testing import StrictSQSServer
-from tests.integration.harness import Bed, Sent, new_bed, report, send_recorded, wait_for
+from tests.integration.harness import Bed, Sent, report, send_recorded, wait_for
+from tests.integration.sqs_reads import dead_lettered
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_worker_stops import events_of, of_action, start
 
@@ -51,17 +47,6 @@ LATENESS = 3.0
 EARLY_START = 0.5
 
 
-@pytest.fixture(scope="module")
-def short_hold_server() -> Iterator[StrictSQSServer]:
-    with StrictSQSServer(max_hold_seconds=SHORT_HOLD) as server:
-        yield server
-
-
-@pytest.fixture
-def parking_bed(short_hold_server: StrictSQSServer, tmp_path: Path) -> Bed:
-    return new_bed(short_hold_server, tmp_path)
-
-
 def send_due_in(bed: Bed, label: str, seconds: float, **options: Any) -> tuple[Sent, float]:
     """A task with an absolute ETA ``seconds`` from now; the task and its ETA (epoch)."""
     eta = datetime.now(timezone.utc) + timedelta(seconds=seconds)
@@ -78,9 +63,9 @@ def on_time(seconds_late: float) -> bool:
     return -EARLY_START <= seconds_late <= LATENESS
 
 
-def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_bed: Bed) -> None:
+def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(short_hold_bed: Bed) -> None:
     """Three workers on the queue (threads, prefork, gevent); ETAs two to four holds away."""
-    bed = parking_bed
+    bed = short_hold_bed
     bed.create_queue(visibility_timeout=60)
     with ExitStack() as stack:
         workers = {
@@ -115,9 +100,9 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(parking_be
     assert not any("Traceback" in log or "Lost the SQS lease" in log for log in logs.values())
 
 
-def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_bed: Bed) -> None:
+def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(short_hold_bed: Bed) -> None:
     """maxReceiveCount 2, an ETA four holds away: parked and copied, never dead-lettered."""
-    bed = parking_bed
+    bed = short_hold_bed
     bed.create_queue(visibility_timeout=60, max_receive_count=2)
     with ExitStack() as stack:
         workers = [start(stack, bed, "threads", 2, name, options=OPTIONS) for name in "ab"]
@@ -127,7 +112,7 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_b
         bed.wait_for_executions(len(sent), timeout=4 * HOLD + 20)
         bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
         logs = [process.log for process in workers]
-    dead = dead_lettered(bed)
+    dead = dead_lettered(bed, wait_seconds=1)
     late = lateness(bed, sent)
     copies = sum(log.count("as a fresh copy") for log in logs)
     report("parking/dlq", runs=bed.runs_per_task(), lateness=late, copies=copies, dead=len(dead))
@@ -138,12 +123,6 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(parking_b
     assert not any("Traceback" in log for log in logs)
 
 
-def dead_lettered(bed: Bed) -> list[dict[str, Any]]:
-    sqs = bed.sqs()
-    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=1).get("Messages", []))
-
-
 def hidden(bed: Bed, task: Sent) -> bool:
     """Whether SQS confirmed a park of ``task``: a visibility change longer than a lease."""
     changes = of_action(events_of(bed, task), "change_visibility")
@@ -151,14 +130,14 @@ def hidden(bed: Bed, task: Sent) -> bool:
 
 
 def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_none(
-    parking_bed: Bed,
+    short_hold_bed: Bed,
 ) -> None:
     """Parked by "a", which is SIGKILLed; "b" takes over and is stopped (SIGTERM); "c" runs them.
 
     One task expires before its ETA: it comes back just after it expires and Celery
     discards it, unrun.
     """
-    bed = parking_bed
+    bed = short_hold_bed
     bed.create_queue(visibility_timeout=60)
     with ExitStack() as stack:
         first = start(stack, bed, "prefork", 2, "a", options=OPTIONS)
@@ -191,9 +170,9 @@ def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_non
     assert not any("Traceback" in log for log in logs.values())
 
 
-def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
+def test_a_parked_fifo_task_holds_its_message_group(short_hold_bed: Bed) -> None:
     """The group's next task waits for the parked one, as it waits behind a held one."""
-    bed = parking_bed
+    bed = short_hold_bed
     fifo_queue(bed, 60)
     first, eta = send_due_in(bed, "parked", 2 * HOLD, MessageGroupId="g")
     then = send_recorded(bed, "busy", "then", 0.1, MessageGroupId="g")
@@ -211,8 +190,8 @@ def test_a_parked_fifo_task_holds_its_message_group(parking_bed: Bed) -> None:
     assert runs["then"]["start"] >= runs["parked"]["end"]
 
 
-def test_a_retry_with_a_countdown_is_parked_too(parking_bed: Bed) -> None:
-    bed = parking_bed
+def test_a_retry_with_a_countdown_is_parked_too(short_hold_bed: Bed) -> None:
+    bed = short_hold_bed
     bed.create_queue(visibility_timeout=60)
     with ExitStack() as stack:
         process = start(stack, bed, "threads", 2, "a", options=OPTIONS)

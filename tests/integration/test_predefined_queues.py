@@ -21,38 +21,30 @@ no role key was used after kombu itself took it for expired.
 
 from __future__ import annotations
 
-import base64
-import calendar
 import collections
 import itertools
-import json
 import time
-import urllib.parse
-import urllib.request
 import uuid
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from kombu.transport import SQS
 
 from celery_sqs_heartbeat.testing import Event, Refusal, StrictSQSServer
-from celery_sqs_heartbeat.testing.s3_protocol import identify_s3_call
-from tests.integration.harness import Bed, broker_url, report, settle, worker
+from tests.integration.harness import Bed, broker_url, create_queue, report, settle, worker
+from tests.integration.iam import ACCOUNT_ID, Call, Iam, Keys, allow, client, recorded
+from tests.integration.sqs_reads import dead_letter_count, releases
 from tests.integration.test_iam_large_payloads import BUCKET, LARGE, PREFIX, s3_statements
 
 #: Short, so that tasks outlive several leases, but not so short that a renewal thread
 #: starved on two saturated cores lets it run out (3 s did, by a tenth of a second).
 LEASE = 5
-ACCOUNT_ID = "123456789012"
 REGION = StrictSQSServer.REGION
-NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
+#: The ``enforced`` fixture's server records every request: which key signed each call.
+IAM_RECORDING = True
 #: How long kombu uses one set of role credentials: AWS's minimum session (botocore
 #: refuses a shorter DurationSeconds before sending) less kombu 5.6+'s early-refresh
 #: buffer. AWS would accept these options as they are.
@@ -66,18 +58,9 @@ WORKER_ACTIONS = [
     "sqs:GetQueueAttributes",
 ]
 
-Keys = tuple[str, str]
-
 
 def queue_arn(name: str) -> str:
     return f"arn:aws:sqs:{REGION}:{ACCOUNT_ID}:{name}"
-
-
-def allow(actions: list[str] | str, resource: str) -> dict[str, Any]:
-    return {
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resource}],
-    }
 
 
 def worker_policy(queue: str) -> dict[str, Any]:
@@ -88,73 +71,6 @@ def worker_policy(queue: str) -> dict[str, Any]:
 
 #: Bodies over SQS's limit go to the bucket, for producer and worker alike.
 LARGE_PAYLOADS = {"large_payload_bucket": BUCKET, "large_payload_prefix": PREFIX}
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request as the server received it, from moto's recorder."""
-
-    service: str
-    action: str
-    access_key_id: str
-    signed_at: float
-    """From ``X-Amz-Date``: whole seconds."""
-    has_session_token: bool
-    queue_url: str | None
-    visibilities: tuple[int, ...]
-    """The VisibilityTimeout of each entry of a ChangeMessageVisibilityBatch."""
-    objects: tuple[str, ...]
-    """The S3 keys a GetObject or DeleteObjects call names."""
-
-
-def _parse_recorded(entry: dict[str, Any]) -> Call:
-    headers = entry["headers"]
-    body = entry.get("body") or ""
-    raw = base64.b64decode(body) if entry.get("body_encoded") else body.encode()
-    authorization = headers.get("Authorization", "")
-    scope = authorization.partition("Credential=")[2].partition(",")[0].split("/")
-    target = headers.get("X-Amz-Target", "")
-    payload: dict[str, Any] = {}
-    objects: tuple[str, ...] = ()
-    if len(scope) > 3 and scope[3] == "s3":
-        action, objects = _s3_call(entry, raw)
-    elif target:
-        action = target.rsplit(".", 1)[-1]
-        payload = json.loads(raw or b"{}")
-    else:
-        form = urllib.parse.parse_qs(raw.decode("utf-8", "replace"))
-        action = form.get("Action", [""])[0]
-    signed = headers.get("X-Amz-Date", "")
-    return Call(
-        service=scope[3] if len(scope) > 3 else "",
-        action=action,
-        access_key_id=scope[0],
-        signed_at=(
-            float(calendar.timegm(time.strptime(signed, "%Y%m%dT%H%M%SZ"))) if signed else 0.0
-        ),
-        has_session_token="X-Amz-Security-Token" in headers,
-        queue_url=payload.get("QueueUrl"),
-        visibilities=tuple(e.get("VisibilityTimeout") for e in payload.get("Entries") or []),
-        objects=objects,
-    )
-
-
-def _s3_call(entry: dict[str, Any], raw: bytes) -> tuple[str, tuple[str, ...]]:
-    """The S3 action, named as the strict server names it, and the keys it names."""
-    url = urllib.parse.urlsplit(entry["url"])
-    action = identify_s3_call(
-        {
-            "REQUEST_METHOD": entry["method"],
-            "PATH_INFO": url.path,
-            "QUERY_STRING": url.query,
-            "HTTP_AUTHORIZATION": entry["headers"].get("Authorization", ""),
-        }
-    )
-    if action == "s3:DeleteObjects":
-        keys = ElementTree.fromstring(raw).iterfind(".//{*}Object/{*}Key")
-        return action, tuple(key.text or "" for key in keys)
-    bucket_and_key = urllib.parse.unquote(url.path).lstrip("/").split("/", 1)
-    return action or "", tuple(bucket_and_key[1:])
 
 
 @dataclass(frozen=True)
@@ -175,31 +91,10 @@ class Setup:
     urls: dict[str, str]
 
     def sqs(self, keys: Keys) -> Any:
-        return boto3.client(
-            "sqs",
-            endpoint_url=self.server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=keys[0],
-            aws_secret_access_key=keys[1],
-            config=NO_RETRIES,
-        )
+        return client(self.server, "sqs", keys, retries=False)
 
     def recorded(self) -> list[Call]:
-        """Every AWS request since recording started, oldest first."""
-        text = _moto_api(self.server, "GET", "download-recording")
-        calls = []
-        for line in text.splitlines():
-            try:
-                calls.append(_parse_recorded(json.loads(line)))
-            except ValueError:
-                continue  # a line two threads interleaved: none seen so far
-        return calls
-
-    def dead_lettered(self, queue: str) -> int:
-        attributes = self.sqs(self.ops).get_queue_attributes(
-            QueueUrl=self.urls[f"{queue}-dlq"], AttributeNames=["ApproximateNumberOfMessages"]
-        )
-        return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+        return recorded(self.server)
 
     def bed(self, queue: str, tmp_path: Path) -> Bed:
         return Bed(
@@ -222,113 +117,36 @@ class Setup:
         return task_id, key
 
     def objects(self) -> list[str]:
-        s3 = boto3.client(
-            "s3",
-            config=self.server.s3_config,
-            endpoint_url=self.server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=self.ops[0],
-            aws_secret_access_key=self.ops[1],
-        )
+        s3 = client(self.server, "s3", self.ops)
         listed = s3.list_objects_v2(Bucket=BUCKET).get("Contents") or []
         return [entry["Key"] for entry in listed]
 
 
-def _moto_api(server: StrictSQSServer, method: str, route: str) -> str:
-    request = urllib.request.Request(
-        f"{server.endpoint_url}/moto-api/recorder/{route}", method=method
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=10) as response:
-        return str(response.read().decode())
-
-
-def _make_user(iam: Any, name: str, policy: dict[str, Any]) -> Keys:
-    iam.create_user(UserName=name)
-    iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
-    key = iam.create_access_key(UserName=name)["AccessKey"]
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
-def _create_queue_with_dlq(sqs: Any, name: str, max_receive_count: int) -> dict[str, str]:
-    dead = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])
-    redrive = {
-        "deadLetterTargetArn": arn["Attributes"]["QueueArn"],
-        "maxReceiveCount": str(max_receive_count),
+def iam_setup(iam: Iam) -> Setup:
+    """The queues, users, role and bucket of this module, made before the ``enforced``
+    fixture enforces IAM."""
+    suffix = uuid.uuid4().hex[:8]
+    first, second, role_queue = (f"pq-{n}-{suffix}" for n in ("first", "second", "role"))
+    admin = iam.admin("sqs")
+    # Every failed task is released twice, then dead-lettered by the third receive.
+    urls = {
+        name: create_queue(admin, name, 30, max_receive_count=2)
+        for name in (first, second, role_queue)
     }
-    url = sqs.create_queue(
-        QueueName=name,
-        Attributes={"VisibilityTimeout": "30", "RedrivePolicy": json.dumps(redrive)},
-    )["QueueUrl"]
-    return {name: url, f"{name}-dlq": dead}
-
-
-@pytest.fixture(scope="module")
-def enforced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    """Its own server: enforcement cannot be turned off, and would fail the other tests."""
-    recording = tmp_path_factory.mktemp("moto-recording") / "requests.jsonl"
-    with pytest.MonkeyPatch.context() as patch:
-        # The recorder's file, read by the server process at start; by default it would
-        # be written to the working directory.
-        patch.setenv("MOTO_RECORDER_FILEPATH", str(recording))
-        patch.delenv("MOTO_ENABLE_RECORDING", raising=False)
-        server = StrictSQSServer().start()
-    try:
-        suffix = uuid.uuid4().hex[:8]
-        first, second, role_queue = (f"pq-{n}-{suffix}" for n in ("first", "second", "role"))
-        admin = boto3.client("sqs", **server.boto3_kwargs)
-        urls: dict[str, str] = {}
-        for name in (first, second, role_queue):
-            # Every failed task is released twice, then dead-lettered by the third receive.
-            urls.update(_create_queue_with_dlq(admin, name, max_receive_count=2))
-        iam = boto3.client("iam", **server.boto3_kwargs)
-        role_name = f"celery-worker-{suffix}"
-        iam.create_role(
-            RoleName=role_name,
-            AssumeRolePolicyDocument=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT_ID}:user/sts-base"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
-        )
-        iam.put_role_policy(
-            RoleName=role_name,
-            PolicyName="queue",
-            PolicyDocument=json.dumps(worker_policy(role_queue)),
-        )
-        role_arn = f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name}"
-        result = Setup(
-            server=server,
-            ops=_make_user(iam, "ops", allow(["sqs:*", "s3:*"], "*")),
-            broker=_make_user(iam, "broker", allow("sqs:*", queue_arn("elsewhere-*"))),
-            queue_keys={
-                name: _make_user(iam, f"worker-{name}", worker_policy(name))
-                for name in (first, second)
-            },
-            sts_base=_make_user(iam, "sts-base", allow("sts:AssumeRole", role_arn)),
-            role_queue=role_queue,
-            role_arn=role_arn,
-            urls=urls,
-        )
-        boto3.client("s3", config=server.s3_config, **server.boto3_kwargs).create_bucket(
-            Bucket=BUCKET
-        )
-        server.enforce_iam()
-        _moto_api(server, "POST", "start-recording")
-        # moto writes its recording file at the first request recorded: one now, so that
-        # any test of the module may read the recording first, whichever runs alone.
-        result.sqs(result.ops).list_queues()
-        yield result
-    finally:
-        server.stop()
+    role_arn = iam.role(f"celery-worker-{suffix}", "sts-base", worker_policy(role_queue))
+    iam.admin("s3").create_bucket(Bucket=BUCKET)
+    return Setup(
+        server=iam.server,
+        ops=iam.user("ops", allow(["sqs:*", "s3:*"], "*")),
+        broker=iam.user("broker", allow("sqs:*", queue_arn("elsewhere-*"))),
+        queue_keys={
+            name: iam.user(f"worker-{name}", worker_policy(name)) for name in (first, second)
+        },
+        sts_base=iam.user("sts-base", allow("sts:AssumeRole", role_arn)),
+        role_queue=role_queue,
+        role_arn=role_arn,
+        urls=urls,
+    )
 
 
 def refused_since(server: StrictSQSServer, count: int) -> list[Refusal]:
@@ -390,15 +208,9 @@ def lease_gaps(events: list[Event]) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(held)]
 
 
-def releases(server: StrictSQSServer, queue: str) -> list[Event]:
-    return [
-        e
-        for e in server.events()
-        if e["queue"] == queue
-        and e["action"] == "change_visibility"
-        and e["visibility"] == 0
-        and e["result"] == "ok"
-    ]
+def confirmed_releases(server: StrictSQSServer, queue: str) -> list[Event]:
+    """The releases of ``queue``'s messages that SQS took."""
+    return [e for e in releases(server.events()) if e["queue"] == queue and e["result"] == "ok"]
 
 
 def assert_no_secret_in(log: str, *keys: Keys) -> None:
@@ -419,23 +231,16 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         (enforced.queue_keys[first], second),
         (enforced.queue_keys[second], first),
     ]:
-        client = enforced.sqs(keys)
+        sqs = enforced.sqs(keys)
         renewal = [{"Id": "0", "ReceiptHandle": "never-issued", "VisibilityTimeout": LEASE}]
         for operation, arguments in [
             ("receive_message", {}),
             ("change_message_visibility_batch", {"Entries": renewal}),
         ]:
             with pytest.raises(ClientError) as denied:
-                getattr(client, operation)(QueueUrl=enforced.urls[queue], **arguments)
+                getattr(sqs, operation)(QueueUrl=enforced.urls[queue], **arguments)
             assert denied.value.response["Error"]["Code"] == "AccessDenied"
-    broker_s3 = boto3.client(
-        "s3",
-        config=server.s3_config,
-        endpoint_url=server.endpoint_url,
-        region_name=REGION,
-        aws_access_key_id=enforced.broker[0],
-        aws_secret_access_key=enforced.broker[1],
-    )
+    broker_s3 = client(server, "s3", enforced.broker)
     with pytest.raises(ClientError, match="AccessDenied"):
         broker_s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}any")
     refused_before = len(server.refused_calls())
@@ -480,7 +285,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         beds[first].wait_for_executions(8, timeout=40)
         settled = settle(
             lambda: (
-                all(enforced.dead_lettered(queue) == 1 for queue in beds)
+                all(dead_letter_count(enforced.sqs(enforced.ops), queue) == 1 for queue in beds)
                 and all(long_task_deleted(server, q) for q in beds)
                 and not enforced.objects()
             ),
@@ -518,7 +323,7 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         "per-queue keys",
         runs=beds[first].runs_per_task(),
         renewals=renewal_events,
-        releases={queue: len(releases(server, queue)) for queue in beds},
+        releases={queue: len(confirmed_releases(server, queue)) for queue in beds},
         calls_by_action_and_key={q: dict(c) for q, c in keys_used.items()},
         s3_calls_by_action_and_key={q: dict(c) for q, c in s3_keys.items()},
         broker_key_calls=dict(broker_calls),
@@ -553,8 +358,8 @@ def test_each_predefined_queue_is_worked_with_its_own_access_key(
         long_task = renewed_message(server, queue)
         assert renewal_events[queue] >= 3, long_task  # 9 s of work under a 3 s lease
         assert max(lease_gaps(long_task)) < LEASE, long_task
-        assert len(releases(server, queue)) == 2
-        assert enforced.dead_lettered(queue) == 1
+        assert len(confirmed_releases(server, queue)) == 2
+        assert dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
     assert "AccessDenied" not in log
     assert_no_secret_in(log, enforced.broker, *enforced.queue_keys.values())
 
@@ -612,7 +417,7 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         bed.wait_for_executions(4, timeout=long_seconds + 30)
         settled = settle(
             lambda: (
-                enforced.dead_lettered(queue) == 1
+                dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
                 and long_task_deleted(server, queue)
                 and not enforced.objects()
             ),
@@ -701,14 +506,14 @@ def test_sts_role_credentials_are_followed_through_refreshes(
         for e in long_events
     ), long_events
     # The releases and the delete were signed with a role key newer than the first.
-    assert len(release_calls) == 2 and len(releases(server, queue)) == 2
+    assert len(release_calls) == 2 and len(confirmed_releases(server, queue)) == 2
     assert all(c.access_key_id != role_keys[0] for c in release_calls + deletes)
     assert deletes, on_queue
     # The large task's object was read and deleted with a role key newer than the first.
     s3_use = [(c.action, c.objects) for c in on_s3]
     assert s3_use == [("s3:GetObject", (large_key,)), ("s3:DeleteObjects", (large_key,))], on_s3
     assert all(c.access_key_id != role_keys[0] for c in on_s3)
-    assert enforced.dead_lettered(queue) == 1
+    assert dead_letter_count(enforced.sqs(enforced.ops), queue) == 1
     assert "AccessDenied" not in log
     assert "ExpiredToken" not in log
     assert_no_secret_in(log, enforced.sts_base)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.harness import Bed, worker
+from tests.integration.sqs_reads import dead_lettered
 
 #: Far longer than the test waits for a redelivery.
 LEASE = 30
@@ -58,9 +59,3 @@ def test_a_failed_task_is_released_at_once_from_a_prefork_worker(
     if dead_letter:
         assert len(moved) == 1, log
         assert len(bed.executions()) == 2
-
-
-def dead_lettered(bed: Bed) -> list[dict[str, object]]:
-    sqs = bed.sqs()
-    dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
-    return list(sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=5).get("Messages", []))

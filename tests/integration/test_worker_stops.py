@@ -15,24 +15,22 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
-from celery_sqs_heartbeat.testing import StrictSQSServer
 from tests.integration.harness import (
     Bed,
     Sent,
     Worker,
-    new_bed,
     process_gone,
     report,
     send_recorded,
     wait_for,
 )
+from tests.integration.sqs_reads import releases
 
 BUSY = "tests.integration.app.busy"
 
@@ -97,10 +95,6 @@ def events_of(bed: Bed, task: Sent) -> list[dict[str, Any]]:
 
 def of_action(events: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
     return [e for e in events if e["action"] == action]
-
-
-def releases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in of_action(events, "change_visibility") if e["visibility"] == 0]
 
 
 def lease_end(events: list[dict[str, Any]], at: float) -> float:
@@ -448,17 +442,6 @@ def test_a_second_sigterm_is_still_a_warm_shutdown(bed: Bed) -> None:
 # ---------------------------------------------------------------------------------------
 # 3. SQS's hold limit, scaled down on a server of its own
 # ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def short_hold_server() -> Iterator[StrictSQSServer]:
-    with StrictSQSServer(max_hold_seconds=SHORT_HOLD) as server:
-        yield server
-
-
-@pytest.fixture
-def short_hold_bed(short_hold_server: StrictSQSServer, tmp_path: Path) -> Bed:
-    return new_bed(short_hold_server, tmp_path)
 
 
 def run_past_the_hold_limit(bed: Bed, options: dict[str, Any]) -> tuple[Sent, str, bool, Sent]:

@@ -37,7 +37,7 @@ from celery_sqs_heartbeat.testing import FaultKind, StrictSQSServer
 # Faults must reach the test, not be hidden by botocore's retries.
 NO_RETRIES = Config(retries={"mode": "standard", "total_max_attempts": 1})
 NOT_INFLIGHT = "AWS.SimpleQueueService.MessageNotInflight"
-SHORT_HOLD_SECONDS = 4
+SHORT_HOLD = 4
 
 
 def make_client(server: StrictSQSServer) -> Any:
@@ -59,12 +59,6 @@ def sqs(sqs_server: StrictSQSServer) -> Any:
 def queue_url(sqs: Any) -> str:
     url: str = sqs.create_queue(QueueName=f"testbed-{uuid.uuid4().hex[:12]}")["QueueUrl"]
     return url
-
-
-@pytest.fixture(scope="module")
-def short_hold_server() -> Iterator[StrictSQSServer]:
-    with StrictSQSServer(max_hold_seconds=SHORT_HOLD_SECONDS) as server:
-        yield server
 
 
 def receive_one(sqs: Any, queue_url: str, visibility: int) -> dict[str, Any]:
@@ -179,9 +173,9 @@ def test_hold_limit_counts_from_the_receive(short_hold_server: StrictSQSServer) 
     time.sleep(2)  # counted from the send (as moto does), 3 s more would pass the limit
     handle = receive_one(sqs, queue_url, visibility=2)["ReceiptHandle"]
 
-    change(sqs, queue_url, handle, SHORT_HOLD_SECONDS - 1)
+    change(sqs, queue_url, handle, SHORT_HOLD - 1)
     with pytest.raises(ClientError) as excinfo:
-        change(sqs, queue_url, handle, SHORT_HOLD_SECONDS + 1)
+        change(sqs, queue_url, handle, SHORT_HOLD + 1)
     assert error_code(excinfo) == "InvalidParameterValue"
     assert "beyond the limit [4 seconds]" in str(excinfo.value)
 
