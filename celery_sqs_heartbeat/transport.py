@@ -296,9 +296,8 @@ class Channel(SQSChannel):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         # The sender goes around the reply keeper: inside a batch scope it catches the one
-        # SendMessage kombu makes, and a reply whose queue is gone is dropped inside
-        # kombu's part (when SQS refuses to re-create the queue), so the scope has nothing
-        # of it to send or fail.
+        # SendMessage kombu makes; a remote-control reply it never catches, so the reply
+        # keeper sees its send and drops a reply whose queue is gone.
         kombu_put = partial(super()._put, queue, message, **kwargs)
         self.sender.put(queue, message, partial(self.reply_queues.put, queue, kombu_put))
 

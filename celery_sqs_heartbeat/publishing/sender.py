@@ -22,6 +22,7 @@ from typing import Any, cast
 from botocore.client import BaseClient
 
 from ..aws.sqs_facts import is_fifo
+from ..monitoring.pidbox_names import is_reply_queue
 from ..payloads.pointers import message_size
 from ..payloads.store import PayloadStore
 from ..process import this_process
@@ -62,10 +63,14 @@ class Sender:
     def put(self, queue: str, message: dict[str, Any], kombu_put: Callable[[], None]) -> None:
         """``kombu_put()``, its one SendMessage caught for a batch inside a scope.
 
-        A redelivery (kombu's restore) is a ChangeMessageVisibility, made at once.
+        A redelivery (kombu's restore) is a ChangeMessageVisibility, made at once. A
+        remote-control reply is never a scope's: it is the worker's answer, not the
+        task's publish, and a reply to a reply queue that is gone must be dropped where
+        it is sent (:class:`~celery_sqs_heartbeat.monitoring.reply_queue_keeper.ReplyQueueKeeper`),
+        not fail the scope of whichever thread answered.
         """
         publisher = active_publisher()
-        if publisher is None or message.get("redelivered"):
+        if publisher is None or message.get("redelivered") or is_reply_queue(queue):
             kombu_put()
             return
         caught: list[tuple[BaseClient, dict[str, Any]]] = []

@@ -35,3 +35,20 @@ def test_a_redelivery_in_a_scope_is_kombus_own_at_once() -> None:
         part.put("jobs", {"redelivered": True}, lambda: clients.append(part.catching(client)))  # type: ignore[arg-type]
 
     assert clients == [client]
+
+
+def test_a_remote_control_reply_in_a_scope_is_kombus_own_at_once() -> None:
+    """Issue 31: a reply caught for a batch escaped the reply keeper, which drops a reply
+    to a reply queue that is gone; the batch then failed the scope of a task whose thread
+    happened to answer. A reply is remote control's, never a scope's."""
+    from celery_sqs_heartbeat.publishing.scope import publishing_in_batches
+
+    client = object()
+    clients: list[Any] = []
+    part = sender()
+    reply_queue = "2f1c0a4e-9b7d-4c39-8a0e-3d1f2b6c7a55.reply.celery.pidbox"
+
+    with publishing_in_batches():
+        part.put(reply_queue, {"body": "pong"}, lambda: clients.append(part.catching(client)))  # type: ignore[arg-type]
+
+    assert clients == [client]
