@@ -81,7 +81,7 @@ from .receiving.parker import Parker
 from .receiving.receipt_redaction import redact_celery_reports
 from .receiving.receiver import Receiver
 from .receiving.steps import ReceiveSteps
-from .settling import celery_requests
+from .settling.celery_requests import CeleryRequests
 from .settling.settler import Settler
 from .startup import (
     remote_control_notice,
@@ -136,22 +136,23 @@ class QoS(ReadingQoS):
             if tag in self._delivered
         ]
         for tag, _ in delivered:
-            if celery_requests.asked_to_ack(tag):
+            if self.channel.celery_requests.asked_to_ack(tag):
                 self.channel.basic_ack(tag)
         leaving = [
             tag
             for tag, lease in delivered
-            if tag in self._delivered and not celery_requests.will_run(tag, lease.task_id)
+            if tag in self._delivered
+            and not self.channel.celery_requests.will_run(tag, lease.task_id)
         ]
         for tag in leaving:
             self._delivered.pop(tag, None)
-            celery_requests.forget(tag)
+            self.channel.celery_requests.forget(tag)
         self.channel.settler.end_leases(leaving, "shutdown")
         return []
 
     def _settled(self, delivery_tag: str) -> None:
         """kombu forgot the delivery: its room in the prefetch and its Celery request go."""
-        celery_requests.forget(delivery_tag)
+        self.channel.celery_requests.forget(delivery_tag)
         self.channel.receiver.prefetch_room_freed()
 
 
@@ -176,6 +177,8 @@ class Channel(SQSChannel):
         self.options: HeartbeatOptions = connection.heartbeat_options
         self.manager: VisibilityExtensionManager = connection.manager
         self.lease_table = LeaseTable()
+        #: Celery's request for each delivery the channel holds a lease on.
+        self.celery_requests = CeleryRequests()
         self.receiver = Receiver(
             self, connection.clock, super()._schedule_queue, self._polling_interval
         )

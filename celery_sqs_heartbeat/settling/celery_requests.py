@@ -21,7 +21,7 @@ channel before that queued ack runs: a solo worker's loop, blocked by the task, 
 overdue reconnect in the same turn. Released then, the message would be received and run
 again. Nor can the channel wait for the queued ack: kombu's Hub takes a turn's queued
 callbacks all at once, and when one raises (the lost connection itself), the rest of
-them are dropped. So a message Celery asked to ack (:func:`asked_to_ack`) is acked at
+them are dropped. So a message Celery asked to ack (:meth:`CeleryRequests.asked_to_ack`) is acked at
 the close, as the queued ack would have; one it asked to reject stays held until its
 reject runs.
 
@@ -29,7 +29,8 @@ Celery tells the transport of every request through its ``task_received`` signal
 the consumer, whose ``pool`` it is). Handed to the pool means ``Request.execute_using_pool``
 ran, which leaves ``Request._apply_result`` set (Celery 5.5 to 5.7); Celery has no public
 word for it. A finished request is dropped by Celery before its queued ack runs, so the
-requests are referenced here until kombu forgets their delivery (:func:`forget`).
+requests are referenced by the channel until kombu forgets their delivery
+(:meth:`CeleryRequests.forget`).
 """
 
 from __future__ import annotations
@@ -40,30 +41,74 @@ from typing import Any
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 
-__all__ = ["asked_to_ack", "forget", "will_run", "worker_is_stopping"]
+__all__ = ["CeleryRequests", "worker_is_stopping"]
 
-#: The requests of the messages this process holds a lease on, by delivery tag (the
-#: receipt handle of the receive that brought the message), until kombu forgets the
-#: delivery (acked, rejected or released); each with whether its pool runs what it was
-#: handed even after a flush.
-_requests: dict[str, tuple[Any, bool]] = {}
+
+class CeleryRequests:
+    """The Celery requests of the messages one channel holds a lease on, by delivery tag.
+
+    The channel's own: a delivery tag (the receipt handle of the receive that brought the
+    message) is the channel's, and kombu forgets it through that channel's QoS (acked,
+    rejected or released). Each request is kept with whether its pool runs what it was
+    handed even after a flush. Plain dict operations, atomic under the GIL: Celery's
+    signal comes on the consumer's thread, the close may come on another.
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[str, tuple[Any, bool]] = {}
+
+    def remember(self, delivery_tag: str, request: Any, pool: Any) -> None:
+        """Celery received ``request`` for the delivery, and hands it to ``pool``."""
+        self._requests[delivery_tag] = (request, _keeps_what_it_was_handed(pool))
+
+    def forget(self, delivery_tag: str) -> None:
+        """kombu forgot the delivery (acked, rejected, released): so does the channel."""
+        self._requests.pop(delivery_tag, None)
+
+    def asked_to_ack(self, delivery_tag: str) -> bool:
+        """Whether Celery has asked to ack the message delivered as ``delivery_tag``.
+
+        True once the request's ``on_ack`` promise was called: the ack itself may still
+        wait on the event loop.
+        """
+        noted = self._requests.get(delivery_tag)
+        return noted is not None and getattr(noted[0].on_ack, "ready", False) is True
+
+    def will_run(self, delivery_tag: str, task_id: str | None) -> bool:
+        """Whether Celery will still run, or reject, the message delivered as ``delivery_tag``.
+
+        Outside a Celery worker (a plain kombu consumer), nothing will: kombu hands a
+        message to its consumer only once.
+        """
+        if task_id is not None and task_id in _started_task_ids():
+            return True
+        noted = self._requests.get(delivery_tag)
+        if noted is None:
+            return False
+        request, pool_keeps = noted
+        if request.acknowledged:  # settled by Celery: its ack or reject is queued
+            return True
+        return pool_keeps and request._apply_result is not None
 
 
 def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """Celery's ``task_received``: note the request, and what its pool does at a flush.
+    """Celery's ``task_received``: the request goes to the channel that delivered it.
 
-    Only a message the transport holds a lease on is noted: kombu forgets only those
-    (:func:`forget`), and a consumer without acks (``no_ack``) would otherwise fill this.
+    Only a message the channel holds a lease on is noted: kombu forgets only those
+    (:meth:`CeleryRequests.forget`), and a consumer without acks (``no_ack``) would
+    otherwise fill the book.
     """
     message = getattr(request, "message", None)
     tag = getattr(message, "delivery_tag", None)
     pool = getattr(sender, "pool", None)
-    lease_table = getattr(getattr(message, "channel", None), "lease_table", None)
-    if not isinstance(tag, str) or pool is None or lease_table is None:
+    channel = getattr(message, "channel", None)
+    lease_table = getattr(channel, "lease_table", None)
+    requests = getattr(channel, "celery_requests", None)
+    if not isinstance(tag, str) or pool is None or lease_table is None or requests is None:
         return
     if lease_table.get(tag) is None:
         return
-    _requests[tag] = (request, _keeps_what_it_was_handed(pool))
+    requests.remember(tag, request, pool)
 
 
 task_received.connect(_remember, weak=False)
@@ -72,38 +117,6 @@ task_received.connect(_remember, weak=False)
 def _keeps_what_it_was_handed(pool: Any) -> bool:
     """Whether ``pool``'s ``flush()`` is the base pool's, which drops nothing."""
     return getattr(getattr(pool, "flush", None), "__func__", None) is BasePool.flush
-
-
-def forget(delivery_tag: str) -> None:
-    """kombu forgot the delivery (acked, rejected, released): so does this module."""
-    _requests.pop(delivery_tag, None)
-
-
-def asked_to_ack(delivery_tag: str) -> bool:
-    """Whether Celery has asked to ack the message delivered as ``delivery_tag``.
-
-    True once the request's ``on_ack`` promise was called: the ack itself may still wait
-    on the event loop.
-    """
-    noted = _requests.get(delivery_tag)
-    return noted is not None and getattr(noted[0].on_ack, "ready", False) is True
-
-
-def will_run(delivery_tag: str, task_id: str | None) -> bool:
-    """Whether Celery will still run, or reject, the message delivered as ``delivery_tag``.
-
-    Outside a Celery worker (a plain kombu consumer), nothing will: kombu hands a
-    message to its consumer only once.
-    """
-    if task_id is not None and task_id in _started_task_ids():
-        return True
-    noted = _requests.get(delivery_tag)
-    if noted is None:
-        return False
-    request, pool_keeps = noted
-    if request.acknowledged:  # settled by Celery: its ack or reject is queued
-        return True
-    return pool_keeps and request._apply_result is not None
 
 
 def _started_task_ids() -> set[str]:

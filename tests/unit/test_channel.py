@@ -30,7 +30,6 @@ from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.payloads import reader as payload_reader
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.process import ProcessState, this_process
-from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.transport import Channel
 from tests.unit.conftest import FakeClock
 
@@ -259,12 +258,12 @@ def test_a_task_whose_ack_is_still_queued_at_a_reconnect_is_deleted_not_released
     event loop; a reconnect that closed the channel before it ran released the message,
     and it ran again wherever SQS handed it. kombu's Hub may drop that queued ack (when a
     callback before it raises), so the close acks without waiting for it."""
-    closed_with(open_channel, "ack")
+    channel, _ = closed_with(open_channel, "ack")
     manager.check()
 
     assert sqs.visibility_changes == []
     assert sqs.deletes == ["ended"]
-    assert not celery_requests.will_run("ended", None)  # forgotten with its delivery
+    assert not channel.celery_requests.will_run("ended", None)  # forgotten with its delivery
 
 
 def test_the_queued_ack_that_runs_after_the_close_sends_nothing_more(

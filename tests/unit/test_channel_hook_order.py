@@ -35,7 +35,6 @@ from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.monitoring import prometheus
 from celery_sqs_heartbeat.process import ProcessState
 from celery_sqs_heartbeat.publishing.scope import publishing_in_batches
-from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.startup import checks as startup
 from celery_sqs_heartbeat.startup.checks import NoCredentialsFound, QueueNotFound
 from celery_sqs_heartbeat.transport import Channel
@@ -892,4 +891,4 @@ def test_close_cancels_then_settles_what_it_holds_then_flushes_without_waking_a_
         "sent delete ended",
         "sent visibility waiting",
     ]
-    assert not celery_requests.will_run("waiting", None)
+    assert not channel.celery_requests.will_run("waiting", None)
