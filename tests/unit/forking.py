@@ -33,7 +33,15 @@ def in_child(check: Callable[[], bool]) -> str:
             sys.stderr.flush()
         finally:
             os._exit(code)
-    deadline = time.monotonic() + CHILD_SECONDS + 5
+    return wait_for_child(pid, CHILD_SECONDS)
+
+
+def wait_for_child(pid: int, alarm_seconds: float) -> str:
+    """The forked child's answer: "ok", "wrong", "raised" or "hung".
+
+    A child whose alarm did not end it is ended here, a few seconds after the alarm.
+    """
+    deadline = time.monotonic() + alarm_seconds + 5
     done, status = os.waitpid(pid, os.WNOHANG)
     while not done:
         if time.monotonic() > deadline:  # the alarm did not end it: end it here

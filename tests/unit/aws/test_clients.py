@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import botocore.session
 import pytest
 from botocore.client import BaseClient
 from botocore.config import Config
@@ -22,25 +21,11 @@ from celery_sqs_heartbeat.aws.clients import (
     _s3_endpoint,
 )
 from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
+from tests.unit.aws.test_sqs_queue import sqs_client
 from tests.unit.conftest import make_lease
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
 BEFORE_SEND = "before-send.sqs.ChangeMessageVisibilityBatch"
-
-#: Source clients share a session, so its service model is loaded once: the suite stays fast.
-_SESSION = botocore.session.Session()
-
-
-def sqs_client(access_key: str = "x", config: Config | None = None, **kwargs: Any) -> BaseClient:
-    kwargs.setdefault("region_name", "us-east-1")
-    return _SESSION.create_client(
-        "sqs",
-        aws_access_key_id=access_key,
-        aws_secret_access_key="x",
-        config=config,
-        **kwargs,
-    )
-
 
 @pytest.fixture
 def clients() -> DerivedClients:

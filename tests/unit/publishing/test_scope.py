@@ -28,6 +28,7 @@ from celery_sqs_heartbeat.process import this_process
 from celery_sqs_heartbeat.publishing.book import Unsent
 from celery_sqs_heartbeat.publishing.publisher import BatchPublisher, SendTarget
 from celery_sqs_heartbeat.publishing.scope import active_publisher, publishing_in_batches
+from tests.unit.forking import OK, RAISED, WRONG, wait_for_child
 
 URL = "http://127.0.0.1:9/123456789012/jobs.fifo"
 PREDEFINED_URL = "http://127.0.0.1:9/123456789012/jobs"
@@ -183,27 +184,6 @@ def test_a_fifo_group_through_two_producers_keeps_its_order_behind_a_retry(
     assert producers.wire == [["m1"], ["m1"], ["m2", "m3", "m4"]]
 
 
-#: The forked child's answers, by exit status.
-OK, WRONG, RAISED = 0, 1, 2
-
-
-def wait_for_child(pid: int) -> str:
-    """ "ok", "wrong", "raised" or "hung": the child's exit status, read within a guard."""
-    deadline = time.monotonic() + GUARD + 5
-    done, status = os.waitpid(pid, os.WNOHANG)
-    while not done:
-        if time.monotonic() > deadline:  # its alarm did not end it: end it here
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "hung"
-        time.sleep(0.01)
-        done, status = os.waitpid(pid, os.WNOHANG)
-    code = os.waitstatus_to_exitcode(status)
-    return {OK: "ok", WRONG: "wrong", RAISED: "raised", -signal.SIGALRM: "hung"}.get(
-        code, f"exit status {code}"
-    )
-
-
 def publish_in_child(channel: Any) -> bool:
     """In the child, inside the inherited scope: a publish is one SendMessage, made now."""
     client = channel.sqs(queue="jobs")
@@ -251,7 +231,7 @@ def test_a_child_forked_inside_a_scope_leaves_it_and_publishes_unbatched(
     finally:
         if pid == 0:
             os._exit(code)
-    assert wait_for_child(pid) == "ok"
+    assert wait_for_child(pid, GUARD) == "ok"
     assert producers.wire == [["parent"]]
 
 
