@@ -67,6 +67,7 @@ sys.path.insert(0, str(REPO))
 
 from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT  # noqa: E402
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD  # noqa: E402
 from celery_sqs_heartbeat.leasing.leases import (  # noqa: E402
     LOOKS_PER_BATCH,
     EntryResult,
@@ -75,7 +76,6 @@ from celery_sqs_heartbeat.leasing.leases import (  # noqa: E402
     LeasePolicy,
     RenewalBatch,
 )
-from celery_sqs_heartbeat.leasing.manager import BATCHES_PER_HOLD  # noqa: E402
 
 #: What the floor and the .NET rule keep before expiry.
 DOTNET_MARGIN = 5.0

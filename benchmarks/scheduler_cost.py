@@ -125,7 +125,7 @@ def longest_hold(module: ModuleType, count: int, due: int) -> float:
     another process, or a collection, stops the thread whether it holds the lock or not,
     and would measure the machine or the whole heap rather than the book.
     """
-    from celery_sqs_heartbeat.leasing.manager import BATCHES_PER_HOLD
+    from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD
 
     gc.disable()
     try:

@@ -30,17 +30,19 @@ A lease from receive to confirmed delete, one step a function:
 2. claimed in :meth:`Intake.claim <celery_sqs_heartbeat.receiving.intake.Intake.claim>`
    (from :meth:`QoS.append`) when kombu hands the message to the consumer; what no
    consumer claimed goes back to SQS at once (``Intake.release_unclaimed``);
-3. renewed by the manager's thread (:meth:`VisibilityExtensionManager._start_renewals`,
-   one call a thread: ``_renew``) until it ends, on the client of the live channel
+3. renewed by the manager's thread (:meth:`CallStarter._start_renewals
+   <celery_sqs_heartbeat.leasing.call_starter.CallStarter._start_renewals>`, one call a
+   thread: ``_renew``) until it ends, on the client of the live channel
    (:mod:`celery_sqs_heartbeat.leasing.lease_queues`);
 4. let go at the ack, in :meth:`Settler.ack <celery_sqs_heartbeat.settling.settler.Settler.ack>`
    (from :meth:`Channel.basic_ack`), which leaves the delete in the manager's outbox
    (:meth:`VisibilityExtensionManager.delete`); a reject releases it instead
    (``Settler.reject``, :meth:`VisibilityExtensionManager.release`), and so does the
    channel's close for messages Celery will not run (:meth:`QoS.restore_unacked`);
-5. ended when SQS confirms the delete: the manager's ``_start_sends`` takes it out of the
-   outbox and the book, ``_send`` makes the call on a thread of its own, and
-   ``_settle_send`` ends the lease, or puts it back in the book if the delete failed.
+5. ended when SQS confirms the delete: the manager's check (``CallStarter._start_sends``)
+   takes it out of the outbox and the book, ``_send`` makes the call on a thread of its
+   own, and ``AnswerSettler.send_answered`` ends the lease, or puts it back in the book if
+   the delete failed.
 """
 
 from __future__ import annotations

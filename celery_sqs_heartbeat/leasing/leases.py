@@ -1,4 +1,4 @@
-"""Lease bookkeeping and renewal scheduling: pure, no I/O, time passed in.
+"""Leases, their margins, and the book of what becomes of them: pure, no I/O, time passed in.
 
 A *lease* is the stretch during which SQS keeps one received message invisible. It is
 born when the worker receives the message, renewed while the task is pending, and ends
@@ -6,21 +6,22 @@ at the ack, the reject, or when it is lost or reaches SQS's 12-hour limit.
 
 Everything here is decided from the caller's clock so it can be tested without waiting,
 and the caller (``manager``) holds a lock around every call: nothing here is thread-safe.
+When each held lease comes due is :mod:`celery_sqs_heartbeat.leasing.schedule`'s job.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..aws.sqs_facts import SQS_BATCH_SIZE, SQS_MAX_HOLD_SECONDS
+from ..aws.sqs_facts import SQS_MAX_HOLD_SECONDS
+from .schedule import LOOKS_PER_BATCH, RenewalBatch, RenewalSchedule
 
 __all__ = [
+    "LOOKS_PER_BATCH",
     "AdaptiveMargin",
     "EntryResult",
     "Lease",
@@ -38,12 +39,6 @@ HOLD_MARGIN_SECONDS = 60
 #: Seconds after the receive (on this process's clock) by which every visibility change
 #: must end: SQS refuses one that ends later, whether renewal, park or release.
 LONGEST_HIDE = SQS_MAX_HOLD_SECONDS - HOLD_MARGIN_SECONDS
-
-
-#: Whole-call codes aside, the most leases one :meth:`LeaseBook.due_batches` call looks at
-#: per call it returns: the ten it renews and up to ten more (fillers, entries of ended
-#: leases). It bounds how long the caller holds its lock for each call it takes.
-LOOKS_PER_BATCH = 2 * SQS_BATCH_SIZE
 
 #: The adaptive margin's ceiling, and the fixed threshold's default before it adapted:
 #: with a 1 s check, a renewal that fails is retried about nine times before the lease
@@ -196,15 +191,6 @@ class Lease:
         return f"task {self.task_name or '?'}[{self.task_id or '?'}]"
 
 
-@dataclass(frozen=True)
-class RenewalBatch:
-    """One ChangeMessageVisibilityBatch call: up to ten leases of one queue."""
-
-    queue: Hashable
-    entries: tuple[tuple[Lease, int], ...]
-    sent_at: float
-
-
 class EntryResult(Enum):
     """What SQS said about one entry of a visibility change."""
 
@@ -238,101 +224,35 @@ class Settlement:
     releases: list[Release] = field(default_factory=list)
 
 
-class _QueueLeases:
-    """The leases of one queue and one policy, and a heap of them by expiry."""
-
-    __slots__ = ("due", "exhausted", "heap", "leases", "policy", "queue", "retrying", "stale")
-
-    def __init__(self, queue: Hashable, policy: LeasePolicy) -> None:
-        self.queue = queue
-        self.policy = policy
-        self.leases: dict[int, Lease] = {}
-        #: ``(expires_at, sequence, lease)``; a lease has one entry while it waits for its
-        #: next renewal, none while it is due or on the wire. Entries of ended leases stay
-        #: until they surface or the heap is rebuilt: ``stale`` counts them.
-        self.heap: list[tuple[float, int, Lease]] = []
-        self.stale = 0
-        #: Popped from the heap, due and renewable, waiting for a call: closest first.
-        #: Leases that ended meanwhile are skipped when they come up.
-        self.due: deque[Lease] = deque()
-        #: Popped, due, and unable to get another second: for :meth:`take_exhausted`.
-        self.exhausted: list[Lease] = []
-        #: ``(retry at, sequence, lease)``: leases whose renewal failed, out of ``heap``
-        #: until the next check. Due all the same, so kept apart: in ``heap`` they would be
-        #: renewed by every check, and the thread checks whenever a delete, a release or a
-        #: call coming back wakes it, which in an outage is hundreds of times a second.
-        #: Entries of leases ended meanwhile are dropped when they surface.
-        self.retrying: list[tuple[float, int, Lease]] = []
-
-
-class _Budget:
-    """How many more heap entries or due leases one call may look at; None: no limit."""
-
-    __slots__ = ("left",)
-
-    def __init__(self, left: int | None) -> None:
-        self.left = left
-
-    def spend(self) -> bool:
-        """Take one look if any is left."""
-        if self.left is None:
-            return True
-        if self.left <= 0:
-            return False
-        self.left -= 1
-        return True
-
-    @property
-    def spent(self) -> bool:
-        return self.left is not None and self.left <= 0
-
-
 class LeaseBook:
-    """The leases a process is renewing, per queue, in the order they come due.
+    """The leases a process is renewing, and what becomes of each when SQS answers.
 
-    A worker may hold SQS's in-flight limit (``SQS_MAX_IN_FLIGHT``, 120,000 a queue), and
-    every ack and receive waits for the lock this book is used under. So nothing here looks
-    at every lease: each queue keeps a binary heap keyed by expiry. A check with nothing due
-    reads the top of each queue's heap, O(queues); one that renews k leases pops k, and at
-    most nine more to fill the last call, O(k log n); an ack is O(1), leaving its heap entry
-    to be skipped when it surfaces. The heap is rebuilt when stale entries outnumber live
-    ones, so memory follows the leases held.
-
-    A burst of due leases must not hold the lock for long either, so
-    :meth:`due_batches` and :meth:`take_exhausted` take a ``limit``: the caller loops,
-    taking the lock for a few calls' worth of leases at a time, while :meth:`has_due`.
-
-    Keyed by expiry, not by ``expiry - margin``, because the adaptive margin moves: a
-    lease is due once ``expires_at <= now + margin``, with the margin of the moment. So
-    each heap holds the leases of one queue *and one policy* (the margin is per policy);
-    two connections with different lease settings on one queue make two groups, renewed
-    in separate calls, which costs calls only in that rare set-up.
-
-    A timing wheel would make adding O(1) too, but a renewal call must be filled with the
-    leases *closest* to due, which a wheel knows only to the width of a slot; and a heap
-    needs no slot width chosen for margins that vary from 0.1 s to hours.
+    Which lease is due when is the :class:`~celery_sqs_heartbeat.leasing.schedule.RenewalSchedule`'s
+    job; the book decides a lease's life around it: a lease that ended stays ended, a
+    release waits for a renewal on the wire to come back (:meth:`end`), a late answer's
+    lease is confirmed before it is held (:meth:`confirming`), and an answer renews the
+    lease, caps it at its hold limit, loses it or has it tried again (:meth:`settle`).
 
     A renewal that failed for a passing reason is tried again at the next check, one check
-    interval (``margin.interval``) after it was sent, not at whatever check comes first:
-    each queue keeps its failed leases in a second heap, by retry time, until then.
+    interval (``margin.interval``) after it was sent, not at whatever check comes first.
     """
 
     def __init__(self, margin: AdaptiveMargin | None = None) -> None:
         self.margin = margin if margin is not None else AdaptiveMargin()
-        self._by_queue: dict[tuple[Hashable, LeasePolicy], _QueueLeases] = {}
+        self._schedule = RenewalSchedule(self.margin)
         self._releases_waiting: set[Lease] = set()
-        self._sequence = itertools.count()
-        #: Heap entries and due leases looked at since the book was made: what bounds
-        #: the time a caller holds its lock, counted for tests and benchmarks.
-        self.looked_at = 0
 
     def __len__(self) -> int:
-        return sum(len(queue.leases) for queue in self._by_queue.values())
+        return len(self._schedule)
 
     def __iter__(self) -> Iterator[Lease]:
         """Every lease being renewed, queue by queue (for inspection, under the lock)."""
-        for queue in self._by_queue.values():
-            yield from queue.leases.values()
+        return iter(self._schedule)
+
+    @property
+    def looked_at(self) -> int:
+        """Leases the schedule looked at so far: what bounds a hold of the caller's lock."""
+        return self._schedule.looked_at
 
     def add(self, lease: Lease) -> None:
         """Renew ``lease`` from now on, unless it ended: an ended lease stays ended.
@@ -341,14 +261,8 @@ class LeaseBook:
         confirmation was out), and renewing it would hide a released or deleted message
         again, for as long as the process lives.
         """
-        if lease.ended:
-            return
-        key = (lease.queue, lease.policy)
-        queue = self._by_queue.get(key)
-        if queue is None:
-            queue = self._by_queue[key] = _QueueLeases(lease.queue, lease.policy)
-        queue.leases[id(lease)] = lease
-        self._schedule(queue, lease)
+        if not lease.ended:
+            self._schedule.add(lease)
 
     def end(
         self, lease: Lease, release_delay: int | None = None, reason: str = ""
@@ -362,7 +276,7 @@ class LeaseBook:
         if lease.ended:
             return None
         lease.ended = True
-        self._discard(lease)
+        self._schedule.discard(lease)
         if release_delay is None:
             return None
         release = Release(lease, release_delay, reason)
@@ -411,8 +325,7 @@ class LeaseBook:
     def resume(self, lease: Lease) -> None:
         """Renew ``lease`` again after its delete failed; due at once if it is overdue."""
         lease.deleting = False
-        queue = self._by_queue.get((lease.queue, lease.policy))
-        if not lease.ended and (queue is None or id(lease) not in queue.leases):
+        if not lease.ended and not self._schedule.holds(lease):
             self.add(lease)
 
     def releases_waiting(self) -> bool:
@@ -421,162 +334,15 @@ class LeaseBook:
 
     def has_due(self, now: float) -> bool:
         """Whether a due or exhausted lease (or a stale entry) waits: O(queues)."""
-        return any(
-            queue.due
-            or queue.exhausted
-            or self._top_is_due(queue, now)
-            or (queue.retrying and queue.retrying[0][0] <= now)
-            for queue in self._by_queue.values()
-        )
+        return self._schedule.has_due(now)
 
     def take_exhausted(self, now: float, limit: int | None = None) -> list[Lease]:
-        """Due leases that cannot be renewed even by a second before their hold limit.
-
-        Renewing with a visibility of 0 would hand a running task to another worker, so
-        these are simply no longer renewed: SQS makes them visible when the lease ends.
-        Looks at no more than ``limit`` heap entries (None: every due one).
-        """
-        budget = _Budget(limit)
-        exhausted: list[Lease] = []
-        for queue in list(self._by_queue.values()):
-            self._pop_due(queue, now, None, budget)
-            exhausted.extend(lease for lease in queue.exhausted if self._is_held(queue, lease))
-            queue.exhausted = []
-        for lease in exhausted:
-            self._discard(lease)
-        return exhausted
+        """Due leases that cannot get another second: no longer renewed, nor held."""
+        return self._schedule.take_exhausted(now, limit)
 
     def due_batches(self, now: float, limit: int | None = None) -> list[RenewalBatch]:
-        """The renewal calls to make at ``now``, leases inside marked as being renewed.
-
-        SQS bills a call, not an entry. So once any lease of a queue is due, the call is
-        filled up to ten with the leases closest to due: renewing them a little early
-        costs nothing and puts them into a cohort that comes due together next time.
-        Leases that cannot get another second are left for :meth:`take_exhausted`.
-
-        With a ``limit``, at most that many calls, looking at no more than
-        :data:`LOOKS_PER_BATCH` leases per call, queues taken in turn; call again while
-        :meth:`has_due` says more is due.
-        """
-        budget = _Budget(None if limit is None else limit * LOOKS_PER_BATCH)
-        batches: list[RenewalBatch] = []
-        pending = list(self._by_queue.values())
-        while pending and (limit is None or len(batches) < limit) and not budget.spent:
-            served = []
-            for queue in pending:
-                if (limit is not None and len(batches) >= limit) or budget.spent:
-                    break
-                batch = self._next_batch(queue, now, budget)
-                if batch is not None:
-                    batches.append(batch)
-                    served.append(queue)
-            pending = served
-        return batches
-
-    def _next_batch(self, queue: _QueueLeases, now: float, budget: _Budget) -> RenewalBatch | None:
-        """One call of ``queue``'s due leases, filled with the closest to due if short."""
-        chosen: list[Lease] = []
-        while len(chosen) < SQS_BATCH_SIZE:
-            if not queue.due:
-                self._pop_due(queue, now, SQS_BATCH_SIZE - len(chosen), budget)
-                if not queue.due:
-                    break
-            lease = queue.due.popleft()
-            if not self._is_held(queue, lease):
-                continue
-            if self._renewal_length(lease, now) >= 1:
-                chosen.append(lease)
-            else:
-                queue.exhausted.append(lease)
-        if len(chosen) < SQS_BATCH_SIZE and self._top_is_due(queue, now):
-            # The budget ran out before every due lease was popped: fill next time.
-            queue.due.extendleft(reversed(chosen))
-            return None
-        if not chosen:
-            return None
-        chosen.extend(self._closest_to_due(queue, now, SQS_BATCH_SIZE - len(chosen), budget))
-        entries = tuple((lease, self._renewal_length(lease, now)) for lease in chosen)
-        for lease in chosen:
-            lease.renewing = True
-        # Served queues go last, so a limited caller takes the queues in turn.
-        key = (queue.queue, queue.policy)
-        self._by_queue[key] = self._by_queue.pop(key)
-        return RenewalBatch(queue.queue, entries, now)
-
-    def _top_is_due(self, queue: _QueueLeases, now: float) -> bool:
-        return bool(queue.heap) and queue.heap[0][0] <= now + self.margin.seconds(queue.policy, now)
-
-    def _pop_due(
-        self, queue: _QueueLeases, now: float, enough: int | None, budget: _Budget
-    ) -> None:
-        """Move due leases from the heap to ``queue.due`` (or ``exhausted``), closest first.
-
-        Stops once ``queue.due`` holds ``enough`` (None: when nothing due is left) or the
-        budget is spent. Failed renewals whose retry time came are put back in the heap
-        first, so they are taken in their turn by expiry.
-        """
-        self._end_retry_waits(queue, now, budget)
-        horizon = now + self.margin.seconds(queue.policy, now)
-        while queue.heap and queue.heap[0][0] <= horizon:
-            if enough is not None and len(queue.due) >= enough:
-                return
-            if not budget.spend():
-                return
-            self.looked_at += 1
-            _, _, lease = heapq.heappop(queue.heap)
-            if not self._is_live(queue, lease):
-                queue.stale -= 1
-                continue
-            lease.scheduled = False
-            if self._renewal_length(lease, now) >= 1:
-                queue.due.append(lease)
-            else:
-                queue.exhausted.append(lease)
-
-    def _end_retry_waits(self, queue: _QueueLeases, now: float, budget: _Budget) -> None:
-        """Move the leases whose retry time came from ``retrying`` back to the heap."""
-        while queue.retrying and queue.retrying[0][0] <= now and budget.spend():
-            self.looked_at += 1
-            _, _, lease = heapq.heappop(queue.retrying)
-            if self._is_held(queue, lease):
-                self._schedule(queue, lease)
-
-    def _closest_to_due(
-        self, queue: _QueueLeases, now: float, count: int, budget: _Budget
-    ) -> list[Lease]:
-        """Up to ``count`` leases not due yet, closest first, that a renewal would extend."""
-        closest: list[Lease] = []
-        unfit: list[tuple[float, int, Lease]] = []
-        while queue.heap and len(closest) < count and budget.spend():
-            self.looked_at += 1
-            entry = heapq.heappop(queue.heap)
-            lease = entry[2]
-            if not self._is_live(queue, lease):
-                queue.stale -= 1
-            elif self._renewal_length(lease, now) >= 1:
-                lease.scheduled = False
-                closest.append(lease)
-            else:
-                unfit.append(entry)
-        for entry in unfit:
-            heapq.heappush(queue.heap, entry)
-        return closest
-
-    @staticmethod
-    def _is_held(queue: _QueueLeases, lease: Lease) -> bool:
-        return id(lease) in queue.leases
-
-    @staticmethod
-    def _is_live(queue: _QueueLeases, lease: Lease) -> bool:
-        return lease.scheduled and id(lease) in queue.leases
-
-    def _schedule(self, queue: _QueueLeases, lease: Lease) -> None:
-        lease.scheduled = True
-        heapq.heappush(queue.heap, (lease.expires_at, next(self._sequence), lease))
-
-    @staticmethod
-    def _renewal_length(lease: Lease, now: float) -> int:
-        return lease.capped_visibility(lease.policy.visibility_timeout, now, lease.hold_deadline)
+        """The renewal calls to make at ``now``: see :meth:`RenewalSchedule.due_batches`."""
+        return self._schedule.due_batches(now, limit)
 
     def settle(
         self, batch: RenewalBatch, results: Mapping[Lease, tuple[EntryResult, str]], now: float
@@ -592,61 +358,41 @@ class LeaseBook:
                 release = self._take_pending_release(lease)
                 if release is not None:
                     settlement.releases.append(release)
-                continue
-            if outcome is EntryResult.OK:
-                # Counted from when the call was sent: SQS started the new lease at some
-                # point after that, so this errs on the early side.
-                lease.expires_at = batch.sent_at + length
-                lease.renewals += 1
-                settlement.renewed.append((lease, length))
-                if length < lease.policy.visibility_timeout:
-                    self._discard(lease)
-                    settlement.capped.append(lease)
-                    continue
-            elif outcome is EntryResult.BEYOND_LIMIT:
-                # At the hold limit by SQS's clock: its last renewal holds, and no more.
-                self._discard(lease)
-                settlement.capped.append(lease)
-                continue
-            elif outcome is EntryResult.LOST:
-                self._discard(lease)  # while deleting: the delete landed first, no loss
-                if not lease.deleting:
-                    settlement.lost.append((lease, reason))
-                continue
-            elif now >= lease.expires_at:
-                self._discard(lease)
-                settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
-                continue
-            queue = self._by_queue.get((lease.queue, lease.policy))
-            if queue is None or id(lease) not in queue.leases:
-                continue
-            if outcome is EntryResult.OK:
-                self._schedule(queue, lease)
             else:
-                retry_at = batch.sent_at + self.margin.interval
-                heapq.heappush(queue.retrying, (retry_at, next(self._sequence), lease))
+                self._answered(lease, length, outcome, reason, batch, now, settlement)
         return settlement
 
-    def _discard(self, lease: Lease) -> None:
-        """Forget ``lease``; its heap entry, if it has one, becomes stale.
-
-        A due or exhausted lease is skipped when its list comes up, so an ack never
-        searches those lists.
-        """
-        key = (lease.queue, lease.policy)
-        queue = self._by_queue.get(key)
-        if queue is None or queue.leases.pop(id(lease), None) is None:
+    def _answered(
+        self,
+        lease: Lease,
+        length: int,
+        outcome: EntryResult,
+        reason: str,
+        batch: RenewalBatch,
+        now: float,
+        settlement: Settlement,
+    ) -> None:
+        """SQS's answer for ``lease``, held until now: renewed, capped, lost or retried."""
+        if outcome is EntryResult.OK:
+            # Counted from when the call was sent: SQS started the new lease at some
+            # point after that, so this errs on the early side.
+            lease.expires_at = batch.sent_at + length
+            lease.renewals += 1
+            settlement.renewed.append((lease, length))
+            if length >= lease.policy.visibility_timeout:
+                self._schedule.renewed(lease)
+                return
+            settlement.capped.append(lease)
+        elif outcome is EntryResult.BEYOND_LIMIT:
+            # At the hold limit by SQS's clock: its last renewal holds, and no more.
+            settlement.capped.append(lease)
+        elif outcome is EntryResult.LOST:
+            # While deleting: the delete landed first, no loss.
+            if not lease.deleting:
+                settlement.lost.append((lease, reason))
+        elif now >= lease.expires_at:
+            settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
+        else:
+            self._schedule.retry_at(lease, batch.sent_at + self.margin.interval)
             return
-        if lease.scheduled:
-            lease.scheduled = False
-            queue.stale += 1
-        if not queue.leases:
-            del self._by_queue[key]
-        elif queue.stale > len(queue.leases):
-            self._rebuild(queue)
-
-    def _rebuild(self, queue: _QueueLeases) -> None:
-        """Drop the stale entries: O(n), once per n ends at most, so O(1) per end."""
-        queue.heap = [entry for entry in queue.heap if self._is_live(queue, entry[2])]
-        heapq.heapify(queue.heap)
-        queue.stale = 0
+        self._schedule.discard(lease)

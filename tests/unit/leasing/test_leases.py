@@ -528,7 +528,7 @@ def test_ended_leases_do_not_pile_up_behind_the_live_ones() -> None:
         book.end(lease)
 
     assert len(book) == 10
-    assert len(book._by_queue["q", POLICY].heap) <= 2 * len(book)
+    assert len(book._schedule._by_queue["q", POLICY].heap) <= 2 * len(book)
     (batch,) = book.due_batches(30)
     assert leases_of([batch]) == leases[990:]
 
@@ -539,7 +539,7 @@ def test_a_queue_whose_leases_all_ended_is_forgotten() -> None:
     for lease in leases:
         book.end(lease)
 
-    assert book._by_queue == {}
+    assert book._schedule._by_queue == {}
     assert book.due_batches(1_000) == []
 
 

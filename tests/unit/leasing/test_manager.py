@@ -12,12 +12,9 @@ import pytest
 from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
 from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT
 from celery_sqs_heartbeat.leasing import manager as manager_module
+from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD
 from celery_sqs_heartbeat.leasing.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
-from celery_sqs_heartbeat.leasing.manager import (
-    BATCHES_PER_HOLD,
-    LeaseStatus,
-    VisibilityExtensionManager,
-)
+from celery_sqs_heartbeat.leasing.manager import LeaseStatus, VisibilityExtensionManager
 from celery_sqs_heartbeat.leasing.reporting import SUMMARY_INTERVAL
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.process import ProcessState
@@ -193,13 +190,13 @@ def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_mea
     queue.answer_all(EntryResult.TRANSIENT, "ConnectionError: SQS is down")
     queue.delete_default = (EntryResult.TRANSIENT, "ConnectionError: SQS is down")
     woken = threading.Event()
-    notify_all = manager._changed.notify_all
+    notify_all = manager._state.changed.notify_all
 
     def wake() -> None:
         woken.set()
         notify_all()
 
-    monkeypatch.setattr(manager._changed, "notify_all", wake)
+    monkeypatch.setattr(manager._state.changed, "notify_all", wake)
     clock.now = 20
     manager.delete(acked, wait=0)
     wakes_at = clock.now
@@ -207,7 +204,7 @@ def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_mea
         if woken.is_set() or clock.now >= wakes_at:
             woken.clear()
             manager.check()
-            with manager._lock:
+            with manager._state.lock:
                 wakes_at = clock.now + (manager._sleep_time() or float("inf"))
         clock.advance(0.01)
 
@@ -1051,7 +1048,7 @@ def test_the_process_manager_counts_into_the_process_counters(
 ) -> None:
     manager = process_state.manager
 
-    assert manager._report.metrics is process_state.metrics
+    assert manager._state.report.metrics is process_state.metrics
 
 
 def test_each_renewal_call_is_counted_with_its_entries_and_their_margins(
@@ -1428,7 +1425,7 @@ def test_an_idle_thread_wakes_for_an_owed_summary_then_sleeps_until_woken(
             raise _StopLoop
         return False
 
-    monkeypatch.setattr(counted._changed, "wait", wait)
+    monkeypatch.setattr(counted._state.changed, "wait", wait)
 
     with pytest.raises(_StopLoop):
         counted._loop.run()
@@ -1453,11 +1450,13 @@ class _CountingLock:
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         taken = self._lock.acquire(blocking, timeout)
         if taken:
-            self._looked_at_acquire = self._manager._book.looked_at
+            self._looked_at_acquire = self._manager._state.book.looked_at
         return taken
 
     def release(self) -> None:
-        self.looked_at_per_hold.append(self._manager._book.looked_at - self._looked_at_acquire)
+        self.looked_at_per_hold.append(
+            self._manager._state.book.looked_at - self._looked_at_acquire
+        )
         self._lock.release()
 
     def __enter__(self) -> bool:
@@ -1474,8 +1473,8 @@ def test_a_check_renewing_a_burst_holds_the_lock_for_a_few_calls_at_a_time(
         lease = make_lease(queue, received_at=10 * n / 5000, task_id=f"t{n}")
         manager.track(lease, INTERVAL)
     counting = _CountingLock(manager)
-    manager._lock = counting  # type: ignore[assignment]
-    manager._changed = threading.Condition(counting)  # type: ignore[arg-type]
+    manager._state.lock = counting  # type: ignore[assignment]
+    manager._state.changed = threading.Condition(counting)  # type: ignore[arg-type]
     clock.now = 30  # 5,000 due
 
     manager.check()
@@ -1548,7 +1547,7 @@ def test_the_margin_follows_how_long_renewals_take(
     manager.check()
 
     assert first.expires_at == 50
-    margin = manager._book.margin
+    margin = manager._state.book.margin
     assert margin.seconds(adaptive, clock.now) == pytest.approx(INTERVAL + 3 + 2 * 2.0)
 
 
@@ -1559,14 +1558,14 @@ def test_a_failed_renewal_brings_the_margin_back_to_its_ceiling(
     tracked(manager, queue, policy=adaptive)
     clock.now = 20
     manager.check()
-    assert manager._book.margin.seconds(adaptive, 20) == pytest.approx(4)
+    assert manager._state.book.margin.seconds(adaptive, 20) == pytest.approx(4)
 
     queue.answer_all(EntryResult.TRANSIENT, "ThrottlingException: slow down")
     clock.now = 47
     with caplog_quiet():
         manager.check()
 
-    assert manager._book.margin.seconds(adaptive, 47) == 10
+    assert manager._state.book.margin.seconds(adaptive, 47) == 10
 
 
 def caplog_quiet() -> contextlib.AbstractContextManager[None]:
@@ -1680,7 +1679,7 @@ def test_a_lease_whose_delete_is_on_the_wire_is_renewed_until_the_delete_lands(
 def test_when_every_send_slot_is_taken_deletes_wait_in_the_outbox(
     manager: VisibilityExtensionManager, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manager._sends, "limit", 1)
+    monkeypatch.setattr(manager._calls.sends, "limit", 1)
     queue = _Gate("delete")
     first, second = (tracked(manager, queue, task_id=f"t{n}") for n in range(2))
     manager.delete(first, wait=0)
