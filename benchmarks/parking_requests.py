@@ -6,7 +6,7 @@ sleeping. Only the requests the *waiting* costs are counted: the receive that fi
 brings a task and its delete at the ack are the same either way.
 
 * *held* (``eta_parking: False``, and every release before issue 18): the package's real
-  :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook` and
+  :class:`~celery_sqs_heartbeat.leasing.book.LeaseBook` and
   :class:`~celery_sqs_heartbeat.leasing.leases.AdaptiveMargin` renew every lease, checked every
   second as the manager checks them, every call answered at once, until the task is due.
   A wait longer than the hold limit (12 h less 60 s) cannot be held: the lease is capped,
@@ -59,7 +59,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
-from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeaseBook, LeasePolicy  # noqa: E402
+from celery_sqs_heartbeat.leasing.book import LeaseBook  # noqa: E402
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy  # noqa: E402
 from celery_sqs_heartbeat.leasing.outbox import Outbox, Outgoing, Request  # noqa: E402
 from celery_sqs_heartbeat.options import (  # noqa: E402
     DEFAULT_ETA_PARKING_THRESHOLD,

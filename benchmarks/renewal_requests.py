@@ -18,7 +18,7 @@ A warm-up (30 min) fills the worker before counting starts.
 * *.NET rule*: the AWS Message Processing Framework for .NET: every 1 s, every lease within
   5 s of expiry and not already being renewed gets a full lease, 10 per call per queue;
   its calls are all sent at once (no bound on calls in flight).
-* *ours*: the package's real :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook` and
+* *ours*: the package's real :class:`~celery_sqs_heartbeat.leasing.book.LeaseBook` and
   :class:`~celery_sqs_heartbeat.leasing.leases.AdaptiveMargin`, driven as
   :class:`~celery_sqs_heartbeat.leasing.manager.VisibilityExtensionManager` drives them: a check
   every interval (1 s) after the previous check's pass ended; a pass takes at most
@@ -67,15 +67,10 @@ sys.path.insert(0, str(REPO))
 
 from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT  # noqa: E402
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE  # noqa: E402
+from celery_sqs_heartbeat.leasing.book import LeaseBook  # noqa: E402
 from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD  # noqa: E402
-from celery_sqs_heartbeat.leasing.leases import (  # noqa: E402
-    LOOKS_PER_BATCH,
-    EntryResult,
-    Lease,
-    LeaseBook,
-    LeasePolicy,
-    RenewalBatch,
-)
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy  # noqa: E402
+from celery_sqs_heartbeat.leasing.schedule import LOOKS_PER_BATCH, RenewalBatch  # noqa: E402
 
 #: What the floor and the .NET rule keep before expiry.
 DOTNET_MARGIN = 5.0

@@ -1,6 +1,6 @@
 """What a renewal check costs the lock that acks and receives wait for, by leases held.
 
-Measures ``celery_sqs_heartbeat.leasing.leases.LeaseBook`` side by side with the book of an
+Measures ``celery_sqs_heartbeat.leasing.book.LeaseBook`` side by side with the book of an
 earlier commit (``--baseline``, by default the last one that scanned every lease on each
 check), alternating the two in one run:
 
@@ -34,13 +34,17 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from celery_sqs_heartbeat.leasing import leases as current  # noqa: E402
+from celery_sqs_heartbeat.leasing import book, leases, schedule  # noqa: E402
+
+#: This tree's book and the records and constants it is driven with, under the names the
+#: baseline's one ``leases`` module had them.
+current = SimpleNamespace(**{**vars(leases), **vars(schedule), "LeaseBook": book.LeaseBook})
 
 #: The last commit whose LeaseBook scanned and sorted every lease on each check.
 DEFAULT_BASELINE = "c1da785"

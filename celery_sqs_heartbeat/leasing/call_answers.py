@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import cast
 
 from .lease_calls import Answers, LeaseQueue
-from .leases import EntryResult, RenewalBatch
+from .leases import EntryResult
 from .manager_state import ManagerState
 from .outbox import OutboxBatch, Outgoing, Request
+from .schedule import RenewalBatch
 
 __all__ = ["AnswerSettler"]
 

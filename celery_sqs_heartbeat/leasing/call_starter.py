@@ -18,9 +18,10 @@ from ..aws.calls import CallSlots
 from ..aws.clients import MAX_CALLS_IN_FLIGHT, MAX_SENDS_IN_FLIGHT
 from .call_answers import AnswerSettler
 from .lease_calls import LeaseQueue, ask
-from .leases import LOOKS_PER_BATCH, Lease, RenewalBatch
+from .leases import Lease
 from .manager_state import ManagerState
 from .outbox import OutboxBatch, Request
+from .schedule import LOOKS_PER_BATCH, RenewalBatch
 
 __all__ = ["BATCHES_PER_HOLD", "CallStarter"]
 

@@ -4,7 +4,7 @@ It runs on its own thread, not on the worker's event loop: the loop is blocked w
 task runs in the solo pool and does not exist under gevent or eventlet, and a lease that
 waits for the loop is a lease that expires. Under gevent the thread is a greenlet.
 
-The thread only decides: what is due in the :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook`
+The thread only decides: what is due in the :class:`~celery_sqs_heartbeat.leasing.book.LeaseBook`
 (renewals) and in the :class:`~celery_sqs_heartbeat.leasing.outbox.Outbox` (deletes and
 releases). Every SQS call goes out on a thread of its own (:mod:`celery_sqs_heartbeat.aws.calls`),
 renewals and the outbox's calls each with their own budget of calls in flight, so no
@@ -40,11 +40,12 @@ from typing import cast
 from celery.utils.log import get_logger
 
 from ..monitoring.metrics import LeaseMetrics
+from .book import LeaseBook
 from .call_answers import AnswerSettler
 from .call_starter import CallStarter
 from .check_loop import CheckLoop
 from .lease_calls import Answers, LeaseQueue, ask
-from .leases import EntryResult, Lease, LeaseBook
+from .leases import EntryResult, Lease
 from .manager_state import ManagerState
 from .outbox import Outbox, Outgoing, Request
 from .reporting import LeaseReporter

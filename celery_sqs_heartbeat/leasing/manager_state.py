@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .leases import LeaseBook
+from .book import LeaseBook
 from .outbox import Outbox
 from .reporting import LeaseReporter
 

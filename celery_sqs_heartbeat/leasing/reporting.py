@@ -23,8 +23,10 @@ from typing import Protocol
 
 from .. import signals
 from ..monitoring.metrics import LeaseMetrics, MetricsSnapshot, failure_code
-from .leases import EntryResult, Lease, RenewalBatch, Settlement
+from .book import Settlement
+from .leases import EntryResult, Lease
 from .outbox import OutboxSettlement, Outgoing
+from .schedule import RenewalBatch
 
 __all__ = ["SUMMARY_INTERVAL", "LeaseReporter"]
 

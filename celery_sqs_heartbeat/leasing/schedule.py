@@ -1,6 +1,6 @@
 """When each lease is due: the per-queue heaps of one process's renewals. Pure, time passed in.
 
-Apart from :class:`~celery_sqs_heartbeat.leasing.leases.LeaseBook` because it is a
+Apart from :class:`~celery_sqs_heartbeat.leasing.book.LeaseBook` because it is a
 different job: the book decides what a lease's life is (ended, released, renewed, lost),
 this module only keeps the order in which held leases come due, and packs the due ones
 into calls. Its cost is what every ack and receive waits for, so it is measured on its
@@ -17,12 +17,9 @@ import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..aws.sqs_facts import SQS_BATCH_SIZE
-
-if TYPE_CHECKING:
-    from .leases import AdaptiveMargin, Lease, LeasePolicy
+from .leases import AdaptiveMargin, Lease, LeasePolicy
 
 __all__ = ["LOOKS_PER_BATCH", "RenewalBatch", "RenewalSchedule"]
 

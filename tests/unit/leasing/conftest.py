@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from celery_sqs_heartbeat.leasing.leases import LeaseBook
+from celery_sqs_heartbeat.leasing.book import LeaseBook
 from celery_sqs_heartbeat.leasing.manager_state import ManagerState
 from celery_sqs_heartbeat.leasing.outbox import Outbox
 from celery_sqs_heartbeat.leasing.reporting import LeaseReporter

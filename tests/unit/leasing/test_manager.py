@@ -13,9 +13,10 @@ from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
 from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT
 from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD
-from celery_sqs_heartbeat.leasing.leases import LOOKS_PER_BATCH, EntryResult, Lease, LeasePolicy
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.leasing.manager import LeaseStatus, VisibilityExtensionManager
 from celery_sqs_heartbeat.leasing.reporting import SUMMARY_INTERVAL
+from celery_sqs_heartbeat.leasing.schedule import LOOKS_PER_BATCH
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.process import ProcessState
 from tests.unit.conftest import BEYOND_THE_LIMIT, FakeClock, FakeQueue, make_lease

@@ -8,17 +8,15 @@ from dataclasses import dataclass
 import pytest
 
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE
+from celery_sqs_heartbeat.leasing.book import LeaseBook, Settlement
 from celery_sqs_heartbeat.leasing.leases import (
-    LOOKS_PER_BATCH,
     AdaptiveMargin,
     EntryResult,
     Lease,
-    LeaseBook,
     LeasePolicy,
     Release,
-    RenewalBatch,
-    Settlement,
 )
+from celery_sqs_heartbeat.leasing.schedule import LOOKS_PER_BATCH, RenewalBatch
 from tests.unit.conftest import POLICY, make_lease
 
 OK = (EntryResult.OK, "")
