@@ -154,10 +154,12 @@ def _argparse_flags(source: str) -> list[str]:
 
 
 def check_pip_install(command: Command) -> None:
-    """What is installed exists: this project's extras, its wheel's name, or a known tool."""
+    """What is installed exists: this project (the checkout, or its name on PyPI) with its
+    extras, its wheel's name, or a known tool."""
     extras = _extras()
     for requirement in (w for w in command.words[2:] if not w.startswith("-")):
-        local = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", requirement)
+        project = rf"\.|{re.escape(_setup_cfg()['metadata']['name'])}"
+        local = re.fullmatch(rf"(?:{project})(?:\[(?P<extras>[\w,-]+)\])?", requirement)
         if local:
             wanted = set(filter(None, (local["extras"] or "").split(",")))
             assert wanted <= extras, f"{command.where()}: no extra {wanted - extras} in setup.cfg"
@@ -169,9 +171,13 @@ def check_pip_install(command: Command) -> None:
 
 
 def _extras() -> set[str]:
+    return set(_setup_cfg()["options.extras_require"])
+
+
+def _setup_cfg() -> configparser.ConfigParser:
     config = configparser.ConfigParser(interpolation=None)
     config.read(REPO / "setup.cfg")
-    return set(config["options.extras_require"])
+    return config
 
 
 def check_build(command: Command) -> None:

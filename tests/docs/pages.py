@@ -28,6 +28,8 @@ def pages() -> list[Path]:
     """Every page whose commands and links the docs test keeps working."""
     found = [
         REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "SECURITY.md",
         *sorted((REPO / "docs").glob("*.md")),
         REPO / "benchmarks" / "README.md",
         *sorted((REPO / "examples").glob("*/README.md")),

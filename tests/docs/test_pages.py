@@ -1,9 +1,9 @@
 """Every page's links, code blocks and commands, read without running anything.
 
-The pages: README.md, docs/*.md, benchmarks/README.md and examples/*/README.md. A link
-to a file that is not there, an ``#anchor`` that no heading makes, a Python block that
-does not parse, or a shell command the docs test cannot check fails here; the commands
-themselves run in ``test_commands.py``.
+The pages: README.md, CONTRIBUTING.md, SECURITY.md, docs/*.md, benchmarks/README.md and
+examples/*/README.md. A link to a file that is not there, an ``#anchor`` that no heading
+makes, a Python block that does not parse, or a shell command the docs test cannot check
+fails here; the commands themselves run in ``test_commands.py``.
 """
 
 from __future__ import annotations
