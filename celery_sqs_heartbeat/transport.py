@@ -402,6 +402,10 @@ class Channel(SQSChannel):
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         self.settler.ack(delivery_tag, multiple, super().basic_ack)
 
+    def ack_for_celery(self, delivery_tag: str) -> None:
+        """Celery asked to ack during a shutdown: ack now, not when its loop turns again."""
+        self.settler.ack_ahead(delivery_tag, super().basic_ack)
+
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         self.settler.reject(delivery_tag, requeue, super().basic_reject)
 

@@ -10,7 +10,9 @@ its message group waits for its delete) is simply due at once.
 The lease of a message waiting here is still renewed: SQS keeps the message hidden
 until the delete is confirmed, so a failed delete never hands a finished task to another
 worker. A transient failure puts the entry back, to be tried again after
-``retry_delay``, as long as its lease holds.
+``retry_delay``, as long as its lease holds: sooner if its lease is about to run out, but
+never sooner than :data:`RETRY_FLOOR` after the try that failed, and not along with
+other calls before then.
 
 Like :mod:`celery_sqs_heartbeat.leasing.leases`, nothing here is thread-safe or does I/O: the
 manager holds its lock around every call and makes the SQS calls outside it.
@@ -18,6 +20,7 @@ manager holds its lock around every call and makes the SQS calls outside it.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +33,13 @@ __all__ = ["Outbox", "OutboxBatch", "OutboxSettlement", "Outgoing", "Request"]
 
 #: Seconds before its lease runs out by which an entry goes out, whatever its batch wait.
 EXPIRY_MARGIN = 1.0
+
+#: Seconds a failed entry waits at least before it goes out again, whatever its lease:
+#: the margin above is already past for a retry in a lease's last second, so without a
+#: floor a failing SQS gets the same call again as soon as it answers (issue 33: 560
+#: deletes in one run). Half the margin, so a delete that fails as its margin begins
+#: still has one more try before the lease ends; two tries in that second, not hundreds.
+RETRY_FLOOR = EXPIRY_MARGIN / 2
 
 #: Seconds a delete is remembered by message id once it is settled, whether SQS
 #: confirmed it or it was given up. SQS answers a delete by an older receipt handle with
@@ -64,6 +74,8 @@ class Outgoing:
     #: When it should go out at the latest, on the caller's clock.
     due_at: float = 0.0
     attempts: int = 0
+    #: Not to go out before this, alone or along with others: its retry after a failed try.
+    retry_at: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -124,9 +136,9 @@ class Outbox:
 
         Never past the lease, though: a lease that is no longer renewed (capped, lost, or
         renewals turned off) must not run out while its delete waits for company, or
-        SQS hands the finished task to someone else.
+        SQS hands the finished task to someone else. Nor before its ``retry_at``.
         """
-        item.due_at = min(due_at, item.lease.expires_at - EXPIRY_MARGIN)
+        item.due_at = max(min(due_at, item.lease.expires_at - EXPIRY_MARGIN), item.retry_at)
         if item.request is Request.DELETE and item.lease.message_id:
             self._deletes[item.lease.message_id] = item
         self._waiting.setdefault((item.lease.queue, item.request), []).append(item)
@@ -163,9 +175,12 @@ class Outbox:
                 item.due_at = min(item.due_at, now)
 
     def next_due(self) -> float | None:
-        """When the next call is owed, if anything waits; a full batch is owed now."""
+        """When the next call is owed, if anything waits; a full batch is owed now.
+
+        Entries waiting for their retry make a full batch only once ten may go.
+        """
         owed = [
-            float("-inf") if len(ready) >= SQS_BATCH_SIZE else min(i.due_at for i in ready)
+            min(min(i.due_at for i in ready), _full_at(ready))
             for items in self._waiting.values()
             if (ready := _sendable(items))
         ]
@@ -194,8 +209,9 @@ class Outbox:
         self, key: tuple[Hashable, Request], now: float, room: int | None
     ) -> list[tuple[Outgoing, ...]]:
         """Take the due calls of one queue and kind, ``room`` at most, leaving the rest."""
-        items = _sendable(self._waiting[key])
-        held = [item for item in self._waiting[key] if item.lease.renewing]
+        items = _sendable(self._waiting[key], now)
+        going = set(map(id, items))
+        held = [item for item in self._waiting[key] if id(item) not in going]
         if any(item.due_at <= now for item in items):
             sending, kept = items, held
         else:
@@ -235,7 +251,9 @@ class Outbox:
             # for its new lease here, and goes out again with it.
             outcome, reason = results.get(item.lease, (EntryResult.TRANSIENT, "no answer"))
             if outcome is EntryResult.TRANSIENT and now < item.lease.expires_at:
-                self.add(item, now + self.retry_delay)
+                retry_at = min(now + self.retry_delay, item.lease.expires_at - EXPIRY_MARGIN)
+                item.retry_at = max(retry_at, now + RETRY_FLOOR)
+                self.add(item, item.retry_at)
                 settlement.retried.append((item, reason))
                 continue
             if outcome is EntryResult.BEYOND_LIMIT and item.delay:
@@ -268,11 +286,19 @@ class Outbox:
             del self._deletes[message_id]
 
 
-def _sendable(items: list[Outgoing]) -> list[Outgoing]:
-    """The entries that may go out now: not those whose lease is being renewed.
+def _sendable(items: list[Outgoing], now: float = float("inf")) -> list[Outgoing]:
+    """The entries that may go out at ``now``: not those whose lease is being renewed.
 
     Renewals are on the wire side by side with deletes; a delete sent meanwhile could
     land first and leave SQS to refuse the renewal. It goes out when the renewal is
-    back, so the delete is the last word, as a release is.
+    back, so the delete is the last word, as a release is. Nor those waiting for their
+    retry, not even along with others due; without ``now``, those that may go some time.
     """
-    return [item for item in items if not item.lease.renewing]
+    return [item for item in items if not item.lease.renewing and item.retry_at <= now]
+
+
+def _full_at(items: list[Outgoing]) -> float:
+    """When ten of ``items`` may go out: a full call, owed whether or not any is due."""
+    if len(items) < SQS_BATCH_SIZE:
+        return float("inf")
+    return heapq.nsmallest(SQS_BATCH_SIZE, (item.retry_at for item in items))[-1]

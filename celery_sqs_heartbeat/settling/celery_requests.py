@@ -31,17 +31,31 @@ ran, which leaves ``Request._apply_result`` set (Celery 5.5 to 5.7); Celery has 
 word for it. A finished request is dropped by Celery before its queued ack runs, so the
 requests are referenced by the channel until kombu forgets their delivery
 (:meth:`CeleryRequests.forget`).
+
+The same queued ack waits through a warm shutdown on a pool whose tasks end off the event
+loop (threads): the loop no longer turns while the worker waits for the pool, so a task
+ending then was deleted only at the close, after the last task, or never, if the worker
+was killed at the end of its grace period. So the transport hears of Celery's asking
+(``then`` on the request's ``on_ack`` promise, after the ack is queued) and, while the
+worker is stopping, acks at once (:meth:`Channel.ack_for_celery`); Celery's queued ack
+then does nothing. Prefork children's results and green pools' acks are settled on the
+worker's loop or at once, where acking at once changes nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
+from celery.utils.log import get_logger
+from vine import Thenable
 
 __all__ = ["CeleryRequests", "worker_is_stopping"]
+
+logger = get_logger(__name__)
 
 
 class CeleryRequests:
@@ -109,6 +123,22 @@ def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
     if lease_table.get(tag) is None:
         return
     requests.remember(tag, request, pool)
+    on_ack = getattr(request, "on_ack", None)
+    if isinstance(on_ack, Thenable):
+        on_ack.then(functools.partial(_asked_to_ack, channel, tag))
+
+
+def _asked_to_ack(channel: Any, delivery_tag: str, *_: Any) -> None:
+    """Celery queued the ack: while the worker stops, the channel acks it now.
+
+    Runs inside Celery's ``Request.acknowledge``, in a pool's thread: it must not raise.
+    """
+    if not worker_is_stopping():
+        return
+    try:
+        channel.ack_for_celery(delivery_tag)
+    except Exception:
+        logger.exception("Acking a task that ended during the shutdown failed")
 
 
 task_received.connect(_remember, weak=False)

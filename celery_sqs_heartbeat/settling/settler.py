@@ -13,6 +13,7 @@ its kombu hooks, handing over kombu's own step where this part goes around it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -72,6 +73,10 @@ class Settler:
         self.manager = manager
         self.lease_table = lease_table
         self._release_delay = release_delay
+        #: Tags acked by :meth:`ack_ahead` whose queued ack has not run yet; and the lock
+        #: that lets exactly one of the two acks of such a message send its delete.
+        self._acked_ahead: set[str] = set()
+        self._ahead_lock = threading.Lock()
 
     def end_leases(self, delivery_tags: Iterable[str], reason: str) -> None:
         """Release unstarted messages at shutdown, or just stop renewing them."""
@@ -97,7 +102,36 @@ class Settler:
         renewed, so Celery never logs "Couldn't ack" with a receipt handle, and a finished
         task is never handed to another worker because its delete failed for a while.
         """
-        lease = self.lease_table.let_go(delivery_tag)
+        with self._ahead_lock:
+            if delivery_tag in self._acked_ahead:
+                self._acked_ahead.discard(delivery_tag)
+                return  # Celery's queued ack, after the transport's: done already
+            lease = self.lease_table.let_go(delivery_tag)
+        self._ack_lease(delivery_tag, lease, multiple, kombu_ack)
+
+    def ack_ahead(self, delivery_tag: str, kombu_ack: Callable[[str, bool], Any]) -> None:
+        """Ack now a message whose ack Celery queued on its event loop, at a shutdown.
+
+        A threads worker's loop does not turn while its warm shutdown waits for the
+        pool: a task ending meanwhile was deleted only at the close, after the last task,
+        and a SIGKILL at the end of a grace period ran it again elsewhere. Celery's own
+        ack, if its loop turns again, then does nothing; if it came first, this does.
+        """
+        with self._ahead_lock:
+            lease = self.lease_table.let_go(delivery_tag)
+            if lease is None:
+                return
+            self._acked_ahead.add(delivery_tag)
+        self._ack_lease(delivery_tag, lease, False, kombu_ack)
+
+    def _ack_lease(
+        self,
+        delivery_tag: str,
+        lease: Lease | None,
+        multiple: bool,
+        kombu_ack: Callable[[str, bool], Any],
+    ) -> None:
+        """The delete of an acked message: through the outbox, or kombu's own."""
         if lease is None or not self.options.ack_batching:
             if lease is not None:
                 # kombu's own ack: the lease ends before its synchronous delete.

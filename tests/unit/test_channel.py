@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +19,13 @@ from queue import Empty
 from typing import Any
 
 import pytest
+from celery.concurrency.base import BasePool
 from celery.signals import task_received
+from celery.worker import state as worker_state
 from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.transport import SQS
+from vine import ppartial, promise
 
 from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
@@ -304,6 +308,94 @@ def test_a_prefetched_task_of_a_prefork_pool_is_released_at_a_reconnect(
 
     assert sqs.visibility_changes == [("ended", 0)]
     assert sqs.deletes == []
+
+
+class ThreadsPool:
+    """A pool whose ``flush()`` is the base pool's, as Celery's threads pool has."""
+
+    flush = BasePool.flush
+
+
+class HubConsumer:
+    """A threads worker's consumer: an ack is queued on its event loop, as Celery queues it."""
+
+    pool = ThreadsPool()
+
+    def __init__(self) -> None:
+        self.queued: list[Any] = []
+
+    def call_soon_ack(self, p: Any, *args: Any) -> Any:
+        queued = ppartial(p, *args)
+        self.queued.append(queued)
+        return queued
+
+
+def task_ending_while_the_worker_stops(
+    open_channel: OpenChannel, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, HubConsumer]:
+    """A task ends during a warm shutdown: its ack is queued on a loop that no longer turns."""
+    channel, delivered = open_channel(ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "ended"))
+    consumer = HubConsumer()
+    message = delivered[0]
+    request = Request(message, settled=None)
+    request.on_ack = promise(consumer.call_soon_ack, (message.ack_log_error,))
+    task_received.send(sender=consumer, request=request)
+    monkeypatch.setattr(worker_state, "should_stop", 0)  # SIGTERM: Celery sets EX_OK
+    request.on_ack(logging.getLogger("celery.worker.request"), ())  # Request.acknowledge
+    return message, consumer
+
+
+def test_a_task_ending_during_a_warm_shutdown_is_deleted_before_its_queued_ack_runs(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: a threads worker sent the delete only at the close, after every task ended;
+    a SIGKILL after the grace period, and the task ran again elsewhere."""
+    task_ending_while_the_worker_stops(open_channel, monkeypatch)
+    manager.check()
+
+    assert sqs.deletes == ["ended"], "no delete while the ack waits on the event loop"
+
+
+def test_the_queued_ack_that_runs_after_the_shutdown_ack_sends_nothing_more(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    message, consumer = task_ending_while_the_worker_stops(open_channel, monkeypatch)
+    manager.check()
+    (queued,) = consumer.queued
+    queued()  # the event loop turns once more before the channel closes
+    manager.check()
+
+    assert sqs.deletes == ["ended"]
+    assert message.acknowledged
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_task_ending_while_the_worker_runs_leaves_its_ack_to_the_event_loop(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
+) -> None:
+    channel, delivered = open_channel(ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "ended"))
+    consumer = HubConsumer()
+    request = Request(delivered[0], settled=None)
+    request.on_ack = promise(consumer.call_soon_ack, (delivered[0].ack_log_error,))
+    task_received.send(sender=consumer, request=request)
+    request.on_ack(logging.getLogger("celery.worker.request"), ())
+    manager.check()
+    held = sqs.deletes == []
+    (queued,) = consumer.queued
+    queued()
+    manager.check()
+
+    assert held
+    assert sqs.deletes == ["ended"]
 
 
 BACKOFF = {"backoff_policy": {1: 5, 2: 60}, "backoff_tasks": [TASK]}

@@ -175,21 +175,17 @@ def test_a_lease_that_runs_out_while_renewals_fail_is_reported_lost(
     assert len(manager) == 0
 
 
-def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_meanwhile(
+def run_as_the_thread(
     manager: VisibilityExtensionManager,
     clock: FakeClock,
-    queue: FakeQueue,
+    until: float,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 33: SQS down, a delete waiting; every wake-up used to send the renewal again.
+    """Drive the manager as its thread runs, in 10 ms steps of the clock until ``until``.
 
-    The thread is driven as it runs: it checks when it is woken (a renewal or a send came
-    back with the outbox not empty) or when its sleep runs out, here in 10 ms steps.
+    It checks when it is woken (a renewal or a send came back with the outbox not empty)
+    or when its sleep runs out.
     """
-    held = tracked(manager, queue, task_id="held")
-    acked = tracked(manager, queue, task_id="acked")
-    queue.answer_all(EntryResult.TRANSIENT, "ConnectionError: SQS is down")
-    queue.delete_default = (EntryResult.TRANSIENT, "ConnectionError: SQS is down")
     woken = threading.Event()
     notify_all = manager._state.changed.notify_all
 
@@ -198,16 +194,30 @@ def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_mea
         notify_all()
 
     monkeypatch.setattr(manager._state.changed, "notify_all", wake)
-    clock.now = 20
-    manager.delete(acked, wait=0)
     wakes_at = clock.now
-    while clock.now < 23:
+    while clock.now < until:
         if woken.is_set() or clock.now >= wakes_at:
             woken.clear()
             manager.check()
             with manager._state.lock:
                 wakes_at = clock.now + (manager._sleep_time() or float("inf"))
         clock.advance(0.01)
+
+
+def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_meanwhile(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: SQS down, a delete waiting; every wake-up used to send the renewal again."""
+    held = tracked(manager, queue, task_id="held")
+    acked = tracked(manager, queue, task_id="acked")
+    queue.answer_all(EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    queue.delete_default = (EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    clock.now = 20
+    manager.delete(acked, wait=0)
+    run_as_the_thread(manager, clock, until=23, monkeypatch=monkeypatch)
 
     renewals = [call for call in queue.calls if held in dict(call)]
     assert len(renewals) <= 3, f"{len(renewals)} renewal calls in 3 s at one check a second"
@@ -791,6 +801,25 @@ def test_a_lease_lost_while_its_delete_fails_is_reported_once(
     assert len(manager) == 0
     assert manager.flush(0) == 0
     assert len(queue.deletes) == 31  # every second from 0 to 30, when the lease had run out
+
+
+def test_a_failing_delete_in_its_lease_s_last_second_is_not_sent_again_at_once(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: 560 deletes in one run, each retry due at once in the lease's last second."""
+    lease = tracked(manager, queue)  # received at 0: the lease runs out at 30
+    queue.answer_all(EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    queue.delete_default = (EntryResult.TRANSIENT, "ConnectionError: SQS is down")
+    clock.now = 29
+    manager.delete(lease, wait=0)
+
+    run_as_the_thread(manager, clock, until=30, monkeypatch=monkeypatch)
+
+    assert len(queue.deletes) <= 3, f"{len(queue.deletes)} deletes in the lease's last second"
+    assert len(queue.deletes) >= 2  # one more try before the lease ends
 
 
 def test_an_unacked_lease_s_delete_without_renewals_still_goes_out(

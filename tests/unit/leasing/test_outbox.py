@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_sqs_heartbeat.aws.sqs_facts import SQS_BATCH_SIZE
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease
 from celery_sqs_heartbeat.leasing.outbox import (
     DELETED_MEMORY,
@@ -383,3 +384,34 @@ def test_a_settlement_lists_what_is_done_with() -> None:
 
     assert settlement.ended() == [done, lost]
     assert outbox.deletes_waiting() == 1
+
+
+def tries_failing_until(outbox: Outbox, start: float, end: float, step: float = 0.01) -> int:
+    """Calls made from ``start`` to ``end``, each answered at once with a failure."""
+    tries, now = 0, start
+    while now < end:
+        for batch in outbox.due_batches(now):
+            tries += 1
+            outbox.settle(batch, answer(batch, EntryResult.TRANSIENT, "ConnectionError"), now)
+        now += step
+    return tries
+
+
+def test_a_failing_delete_in_its_lease_s_last_second_is_not_retried_at_once() -> None:
+    """Issue 33: the retry was capped at the lease's margin, already past: due at once."""
+    (item,) = deletes("q", 1)  # received at 0, not renewed: its lease runs out at 30
+    outbox = filled([item], due_at=29.0)
+
+    tries = tries_failing_until(outbox, 29.0, 30.0)
+
+    assert tries <= 3, f"{tries} tries in the last second"
+    assert tries >= 2  # the first, and one more before the lease ends
+
+
+def test_ten_failing_deletes_wait_for_their_retry_though_they_fill_a_call() -> None:
+    """A full call is owed at once, but not one whose entries have just failed."""
+    outbox = filled(deletes("q", SQS_BATCH_SIZE), due_at=5.0)
+
+    tries = tries_failing_until(outbox, 5.0, 6.0)
+
+    assert tries == 1, f"{tries} calls in one second, retry delay {RETRY} s"
