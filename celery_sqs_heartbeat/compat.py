@@ -71,6 +71,7 @@ __all__ = [
     "UndefinedQueueException",
     "backoff_policy_of",
     "call_soon_waking",
+    "cancel_timers_of_closed_http_clients",
     "is_backoff_task",
 ]
 
@@ -277,3 +278,31 @@ class LoopWaker:
 def _close(*fds: int) -> None:
     for fd in fds:
         os.close(fd)
+
+
+def cancel_timers_of_closed_http_clients(hub: Hub) -> int:
+    """Cancel the timeout checks kombu's curl client left on ``hub`` at its close (5.7).
+
+    pycurl asks the client for one-shot checks (``hub.call_later``) while a request is
+    out; its close cancels only its repeating one. Celery resets the hub at every
+    reconnect, which in kombu 5.7 closes the client (5.6 keeps it open), and each check left then fires on the closed
+    client and logs "Error in timer" with a traceback (pycurl: "cannot invoke
+    info_read() - no multi handle"). A closed client has nothing left to check.
+    Returns how many were cancelled.
+    """
+    cancelled = 0
+    for scheduled in hub.timer.queue:
+        entry = scheduled.entry
+        client = getattr(entry.fun, "__self__", None)
+        if _is_closed_curl_client(client) and not entry.canceled:
+            entry.cancel()
+            cancelled += 1
+    return cancelled
+
+
+def _is_closed_curl_client(client: Any) -> bool:
+    if not KOMBU_RECEIVES_ON_THE_LOOP:
+        return False
+    from kombu.asynchronous.http.curl import CurlClient
+
+    return isinstance(client, CurlClient) and getattr(client, "_closed", False) is True

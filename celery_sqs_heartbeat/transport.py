@@ -60,7 +60,11 @@ from kombu.transport import SQS, virtual
 from kombu.transport.base import to_rabbitmq_queue_arguments
 from kombu.utils.objects import cached_property
 
-from .compat import KOMBU_BROADCASTS_THROUGH_SNS, SQSChannel
+from .compat import (
+    KOMBU_BROADCASTS_THROUGH_SNS,
+    SQSChannel,
+    cancel_timers_of_closed_http_clients,
+)
 from .leasing.lease_table import LeaseTable
 from .leasing.leases import LeasePolicy
 from .leasing.manager import VisibilityExtensionManager
@@ -463,8 +467,10 @@ class Transport(SQS.Transport):
         kombu's SQS channels and their HTTP client take the process's current event loop
         when they are made, and Celery's consumer clears it when its loop stops. So after
         a reconnect, kombu's channels found no loop and never received again, however
-        healthy SQS was.
+        healthy SQS was. The closed HTTP client's leftover timers go first: they would
+        only log errors on the new loop.
         """
+        cancel_timers_of_closed_http_clients(loop)
         set_event_loop(loop)
         for channel in self.channels:
             channel.hub = loop

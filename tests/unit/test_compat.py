@@ -21,7 +21,12 @@ from botocore.stub import Stubber
 from kombu.asynchronous import Hub
 from vine import promise
 
-from celery_sqs_heartbeat.compat import LoopWaker, SQSChannel, call_soon_waking
+from celery_sqs_heartbeat.compat import (
+    KOMBU_RECEIVES_ON_THE_LOOP,
+    LoopWaker,
+    SQSChannel,
+    call_soon_waking,
+)
 from celery_sqs_heartbeat.process import this_process
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/jobs"
@@ -209,3 +214,36 @@ def test_an_answer_for_a_channel_closed_meanwhile_is_dropped(
     next(hub.create_loop())  # the hand-over runs first thing
 
     assert outcome.answers == outcome.errors == []
+
+
+@pytest.mark.skipif(not KOMBU_RECEIVES_ON_THE_LOOP, reason="kombu 5.5 has no curl client")
+def test_a_reconnect_cancels_the_checks_the_closed_http_client_left_on_the_loop() -> None:
+    """Seen in the solo reconnect scenario: after Celery reset the hub (which closes
+    kombu's curl client), a one-shot timeout check the client had asked for fired on the
+    new loop and logged "Error in timer" with pycurl's "no multi handle" traceback."""
+    from kombu import Connection
+    from kombu.asynchronous.http.curl import CurlClient
+
+    hub = Hub()
+    client = CurlClient(hub)
+    if not hasattr(client, "_closed"):
+        hub.close()
+        pytest.skip("kombu 5.6's hub keeps its curl client open across a reconnect")
+    client._set_timeout(1000)  # pycurl asked for a check while a request was out
+    client.close()  # as kombu 5.7's hub does at Celery's reset on a reconnect
+    left = [
+        s.entry
+        for s in hub.timer.queue
+        if getattr(s.entry.fun, "__self__", None) is client and not s.entry.canceled
+    ]
+    assert left  # fired on the new loop, each raises pycurl.error ("no multi handle")
+
+    connection = Connection(
+        "sqs://key:secret@127.0.0.1:9/",
+        transport="celery_sqs_heartbeat:Transport",
+        transport_options={"region": "us-east-1"},
+    )
+    connection.transport.register_with_event_loop(None, hub)
+
+    assert all(entry.canceled for entry in left)
+    hub.close()
