@@ -285,9 +285,10 @@ def cancel_timers_of_closed_http_clients(hub: Hub) -> int:
 
     pycurl asks the client for one-shot checks (``hub.call_later``) while a request is
     out; its close cancels only its repeating one. Celery resets the hub at every
-    reconnect, which in kombu 5.7 closes the client (5.6 keeps it open), and each check left then fires on the closed
-    client and logs "Error in timer" with a traceback (pycurl: "cannot invoke
-    info_read() - no multi handle"). A closed client has nothing left to check.
+    reconnect, which in kombu 5.7 closes the client (5.6 keeps it open), and each check
+    left then fires on the closed client and logs "Error in timer" with a traceback
+    (pycurl: "cannot invoke info_read() - no multi handle"). A closed client has nothing
+    left to check.
     Returns how many were cancelled.
     """
     cancelled = 0
