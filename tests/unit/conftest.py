@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import botocore.session
@@ -12,6 +14,7 @@ from botocore.client import BaseClient
 from celery_sqs_heartbeat import process, signals
 from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy
+from celery_sqs_heartbeat.startup import checks as startup_checks
 
 #: The policy most tests use: 30-second leases, due 10 seconds before they run out.
 POLICY = LeasePolicy(visibility_timeout=30, threshold=10.0)
@@ -178,3 +181,38 @@ def source() -> BaseClient:
     return botocore.session.Session().create_client(
         "sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
     )
+
+
+@pytest.fixture
+def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No AWS credentials anywhere botocore looks, and no instance metadata to ask."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(startup_checks, "_found_keys", set())
+    return empty
+
+
+class PreforkPool:
+    """A pool whose ``flush()`` drops what no child accepted, as Celery's prefork does."""
+
+    def flush(self) -> None:
+        pass
+
+
+class Consumer:
+    """What Celery's ``task_received`` is sent by: the consumer, with its pool."""
+
+    pool = PreforkPool()
+
+
+class Settle:
+    """A request's ``on_ack`` or ``on_reject``: a promise, ready once Celery called it."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready

@@ -35,7 +35,7 @@ from celery_sqs_heartbeat.payloads import reader as payload_reader
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.process import ProcessState, this_process
 from celery_sqs_heartbeat.transport import Channel
-from tests.unit.conftest import FakeClock
+from tests.unit.conftest import Consumer, FakeClock, Settle
 
 URL = "http://127.0.0.1:9/123456789012/jobs"
 #: SQSQueue's own delete, before a test's fake SQS replaces it.
@@ -212,26 +212,6 @@ def test_renewals_after_a_reconnect_go_through_the_live_connections_client(
 
     live = this_process().clients.renewal(second.sqs(queue="jobs"))
     assert lease.queue._client_source() is live  # type: ignore[attr-defined]
-
-
-class PreforkPool:
-    """A pool whose ``flush()`` drops what no child accepted, as Celery's prefork does."""
-
-    def flush(self) -> None:
-        pass
-
-
-class Consumer:
-    """What Celery's ``task_received`` is sent by: the consumer, with its pool."""
-
-    pool = PreforkPool()
-
-
-class Settle:
-    """A request's ``on_ack`` or ``on_reject``: a promise, ready once Celery called it."""
-
-    def __init__(self, ready: bool) -> None:
-        self.ready = ready
 
 
 class Request:

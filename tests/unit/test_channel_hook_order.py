@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -35,9 +34,9 @@ from celery_sqs_heartbeat.leasing.manager import VisibilityExtensionManager
 from celery_sqs_heartbeat.monitoring import prometheus
 from celery_sqs_heartbeat.process import ProcessState
 from celery_sqs_heartbeat.publishing.scope import publishing_in_batches
-from celery_sqs_heartbeat.startup import checks as startup
 from celery_sqs_heartbeat.startup.checks import NoCredentialsFound, QueueNotFound
 from celery_sqs_heartbeat.transport import Channel
+from tests.unit.conftest import Consumer, Settle
 
 BASE = "http://127.0.0.1:9/123456789012"
 MISSING = "AWS.SimpleQueueService.NonExistentQueue"
@@ -364,22 +363,8 @@ def event_queue(channel: Channel, routing_key: str = "worker.#") -> Queue:
 # --- __init__ -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No AWS credentials anywhere botocore looks, and no instance metadata to ask."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setattr(startup, "_found_keys", set())
-
-
 def test_init_warns_of_the_options_then_checks_credentials_before_any_call_to_sqs(
-    aws: FakeAWS, nowhere: None, caplog: pytest.LogCaptureFixture
+    aws: FakeAWS, nowhere: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Order of ``__init__``: the options' warnings, then the credentials, then kombu's
     own start (its first call to SQS, ListQueues).
@@ -814,24 +799,6 @@ def test_every_client_the_channel_hands_out_asks_for_the_channels_lease(
 
 
 # --- close --------------------------------------------------------------------------------
-
-
-class PreforkPool:
-    """A pool whose ``flush()`` drops what no child accepted, as Celery's prefork does."""
-
-    def flush(self) -> None:
-        pass
-
-
-class Consumer:
-    """What Celery's ``task_received`` is sent by: the consumer, with its pool."""
-
-    pool = PreforkPool()
-
-
-class Settle:
-    def __init__(self, ready: bool) -> None:
-        self.ready = ready
 
 
 class Request:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +15,6 @@ from kombu import Connection
 from celery_sqs_heartbeat import transport
 from celery_sqs_heartbeat.options import HeartbeatOptions
 from celery_sqs_heartbeat.payloads.options import LargePayloadOptions
-from celery_sqs_heartbeat.startup import checks as startup
 from celery_sqs_heartbeat.startup.checks import (
     NoCredentialsFound,
     QueueNotFound,
@@ -83,7 +81,6 @@ def test_other_errors_are_left_as_they_are(error: BaseException) -> None:
 # --- no credentials -----------------------------------------------------------------------
 
 
-
 def test_a_declare_names_the_predefined_url_or_the_cached_one_and_no_other_error() -> None:
     missing = sqs_error("QueueDoesNotExist", "The specified queue does not exist.")
     predefined = {"jobs": {"url": URL}}
@@ -94,20 +91,6 @@ def test_a_declare_names_the_predefined_url_or_the_cached_one_and_no_other_error
     assert by_predefined is not None and "(its URL in predefined_queues)" in str(by_predefined)
     assert by_cache is not None and f"at {URL}:" in str(by_cache)
     assert missing_queue_declared("jobs", {}, {}, sqs_error("AccessDenied", "no")) is None
-
-@pytest.fixture
-def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No AWS credentials anywhere botocore looks, and no instance metadata to ask."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    empty = tmp_path / "empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setattr(startup, "_found_keys", set())
-    return empty
 
 
 def test_no_credentials_anywhere_says_where_botocore_looked(nowhere: Path) -> None:
