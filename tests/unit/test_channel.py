@@ -355,7 +355,14 @@ def test_the_queued_ack_that_runs_after_the_shutdown_ack_sends_nothing_more(
 
     assert sqs.deletes == ["ended"]
     assert message.acknowledged
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # Celery's dispatcher reports handlers of other modules (the example app's
+    # task_received, once its tests were collected), which get this test's fake request.
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name != "celery.utils.dispatch.signal"
+    ]
+    assert logged == []
 
 
 def test_a_task_ending_while_the_worker_runs_leaves_its_ack_to_the_event_loop(
