@@ -40,8 +40,10 @@ LEASE = 4
 #: to the queue's setting, not to the lease the transport asks for.
 QUEUE_VISIBILITY = 60
 #: How much later than its lease a message may reach the other worker: that worker's
-#: long poll turn and a loaded 2-core machine, not a second lease.
-RECEIVE_SLACK = 2.5
+#: long poll turn, stretched by a loaded 2-core machine. Only a failure guard of one more
+#: lease: that nothing hid the message longer, the event log shows (no visibility change
+#: but of one lease before the kill, no event at all between the kill and the receive).
+RECEIVE_SLACK = LEASE
 #: The lease of the cold-shutdown scenarios, long so that "released" and "expired" differ.
 COLD_LEASE = 30
 #: Only a failure guard on how soon after a shutdown the other worker has the released
