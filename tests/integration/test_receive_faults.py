@@ -109,7 +109,9 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
     bed: Bed, pool: str, concurrency: int
 ) -> None:
     outage = 10
-    long_ids = [bed.send("busy", f"long-{n}", 2 * outage) for n in range(2)]
+    # SQS gives the long tasks' messages out again once the outage ends, while the tasks
+    # still run: 20 s of margin for a loaded machine to receive them before the tasks end.
+    long_ids = [bed.send("busy", f"long-{n}", 3 * outage) for n in range(2)]
     bed.server.reset_calls()
     with worker(bed, pool, concurrency, options={"visibility_timeout": LEASE}) as process:
         wait_for(lambda: log_has(process, "Task tests.integration.app.busy", 2), 30)

@@ -82,7 +82,8 @@ def test_failed_task_is_released_at_once_and_dead_lettered_after_max_receives(be
         time.sleep(2)
     assert [r["task_id"] for r in runs] == [task_id] * 3
     gaps = [later["start"] - earlier["end"] for earlier, later in itertools.pairwise(runs)]
-    assert max(gaps) < 10, gaps
+    # Under the 30 s lease, however loaded the machine: released, not left to expire.
+    assert max(gaps) < 30, gaps
     sqs = bed.sqs()
     dead_url = sqs.get_queue_url(QueueName=f"{bed.queue}-dlq")["QueueUrl"]
     moved = sqs.receive_message(QueueUrl=dead_url, WaitTimeSeconds=2).get("Messages", [])
@@ -112,7 +113,9 @@ def test_a_task_under_kombus_backoff_policy_is_left_to_that_policy_not_released(
         runs = bed.wait_for_executions(2, timeout=30)
     assert [r["task_id"] for r in runs] == [task_id] * 2
     gap = runs[1]["start"] - runs[0]["end"]
-    assert 4 <= gap < 15, gap
+    # No sooner than kombu's 6 s hide (less the task's own end), whatever the load; under
+    # the 30 s lease: hidden by kombu's policy, not left to expire.
+    assert 4 <= gap < 30, gap
     changes = [
         e["visibility"]
         for e in bed.server.events()
@@ -142,7 +145,7 @@ def test_release_delay_schedule_spaces_the_retries(bed: Bed) -> None:
     # The schedule, as SQS got it: the first release at once, the second 4 s later. The
     # second run can start no sooner, whatever the load; the first may take a while.
     assert releases[:2] == [0, 4], releases
-    assert 3.5 <= gaps[1] < 15, gaps
+    assert 3.5 <= gaps[1] < 30, gaps
 
 
 def test_warm_shutdown_finishes_running_task_and_hands_over_the_rest(bed: Bed) -> None:
