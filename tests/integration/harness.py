@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,6 +246,61 @@ def settle(done: Callable[[], bool], timeout: float = SETTLE_GUARD) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def no_copy_left(bed: Bed, guard: float = SETTLE_GUARD) -> dict[str, Any]:
+    """Whether a task of the bed's queue can still run again, told by SQS, not by a wait.
+
+    Once the queue holds nothing (visible, in flight or delayed), every message is
+    deleted and no copy of it can be received again; a copy received before its delete
+    would show as a second receive. So a test asserts ``drained`` and the receives it
+    expects, and needs no wait of a lease or two for a duplicate that might come late.
+    """
+    drained = settle(lambda: queue_is_empty(bed), guard)
+    return {"drained": drained, "receives": len(ok_receives(bed))}
+
+
+def ok_receives(bed: Bed) -> list[float]:
+    """When SQS handed out a message of the bed's queue, oldest first."""
+    return [
+        e["t"]
+        for e in bed.server.events()
+        if e["queue"] == bed.queue and e["action"] == "receive" and e["result"] == "ok"
+    ]
+
+
+def wait_out_copies(
+    bed: Bed, runs: int, task_seconds: float, queues: Iterable[Bed] = ()
+) -> list[dict[str, Any]]:
+    """The runs, once any copy already received has had time to run as well.
+
+    With the queue drained (:func:`no_copy_left`) no copy can be received any more, but
+    one received before a lapse's delete may still be running: it ends at the latest a
+    task's length after the last receive (of ``bed``'s queue, and of ``queues``' too).
+    """
+    received = [t for queue in (bed, *queues) for t in ok_receives(queue)]
+    latest = max(received, default=0.0) + task_seconds + RUN_SLACK
+    return bed.wait_for_executions(runs + 1, timeout=max(0.0, latest - time.time()))
+
+
+#: Seconds from a task's end to its record being read, and a loaded machine's delay in
+#: starting a received task: a failure guard for :func:`wait_out_copies`.
+RUN_SLACK = 5.0
+
+
+def queue_is_empty(bed: Bed) -> bool:
+    """Nothing in the bed's queue: no message visible, in flight or delayed."""
+    sqs = bed.sqs()
+    url = sqs.get_queue_url(QueueName=bed.queue)["QueueUrl"]
+    counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(_QUEUE_COUNTS))
+    return all(counts["Attributes"].get(name) == "0" for name in _QUEUE_COUNTS)
+
+
+_QUEUE_COUNTS = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
 
 
 def broker_url(server: StrictSQSServer, access_key_id: str, secret_access_key: str) -> str:

@@ -43,8 +43,10 @@ from tests.integration.harness import (
     Worker,
     assert_queue_empty,
     assert_reconnected,
+    no_copy_left,
     report,
     wait_for,
+    wait_out_copies,
 )
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_fifo import send as send_in_group
@@ -295,8 +297,9 @@ def test_every_task_runs_once(cell: Cell, bed: Bed, request: pytest.FixtureReque
         run = Run(cell, bed, work, stack)
         sent = disrupt(run)
         bed.wait_for_executions(len(sent), timeout=WORK_GUARD)
-        # A second run of a task would come once its lease ran out and it was received.
-        bed.wait_for_executions(len(sent) + 1, timeout=LEASE + 2)
+        # No copy can come once the queue is drained; one received before may still run.
+        drained = all(no_copy_left(queue)["drained"] for queue in work.beds)
+        wait_out_copies(bed, len(sent), LONG, work.beds)
         alive = {
             name: process.process.poll() is None
             for name, process in run.workers.items()
@@ -310,6 +313,7 @@ def test_every_task_runs_once(cell: Cell, bed: Bed, request: pytest.FixtureReque
     lost = [task_id for task_id in sent if task_id not in runs]
     report(f"crossing/{cell}", tasks=len(sent), duplicates=duplicates, lost=len(lost))
     note_outcome(cell, tasks=len(sent), duplicates=duplicates, lost=len(lost))
+    assert drained, logs
     assert runs == dict.fromkeys(sent, 1), logs
     assert all(alive.values()), (alive, logs)
     for queue in work.beds:
