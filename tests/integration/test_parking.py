@@ -18,7 +18,15 @@ from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tests.integration.harness import Bed, Sent, report, send_recorded, wait_for
+from tests.integration.harness import (
+    Bed,
+    Sent,
+    no_copy_left,
+    report,
+    send_recorded,
+    wait_for,
+    wait_out_copies,
+)
 from tests.integration.sqs_reads import dead_lettered
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_worker_stops import events_of, of_action, start
@@ -35,6 +43,8 @@ OPTIONS = {
     "eta_parking_threshold": THRESHOLD,
     "ack_batch_interval": 0.2,
 }
+#: How long each task runs.
+TASK_SECONDS = 0.1
 #: How late after its ETA a task may start: only a failure guard of a hold, since what
 #: would make it late, a park hiding it past its ETA, the event log shows
 #: (:func:`back_by_eta`); Celery's timer on a loaded 2-core machine adds the rest.
@@ -52,7 +62,7 @@ EARLY_START = 0.5
 def send_due_in(bed: Bed, label: str, seconds: float, **options: Any) -> tuple[Sent, float]:
     """A task with an absolute ETA ``seconds`` from now; the task and its ETA (epoch)."""
     eta = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-    return send_recorded(bed, "busy", label, 0.1, eta=eta, **options), eta.timestamp()
+    return send_recorded(bed, "busy", label, TASK_SECONDS, eta=eta, **options), eta.timestamp()
 
 
 def lateness(bed: Bed, sent: list[tuple[Sent, float]]) -> dict[str, float]:
@@ -93,13 +103,15 @@ def test_countdowns_past_the_hold_limit_run_once_on_time_across_pools(short_hold
         sent = [send_due_in(bed, f"due-{n}", 2 * HOLD + 4 * n) for n in range(5)]
         last_eta = max(eta for _, eta in sent)
         bed.wait_for_executions(len(sent), timeout=last_eta - datetime.now().timestamp() + 20)
-        # A duplicate would come one hold later at most.
-        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        # No copy can come once the queue is drained; one received before may still run.
+        drained = no_copy_left(bed)["drained"]
+        wait_out_copies(bed, len(sent), TASK_SECONDS)
         logs = {pool: process.log for pool, process in workers.items()}
     late = lateness(bed, sent)
     receives = {t.task_id: len(of_action(events_of(bed, t), "receive")) for t, _ in sent}
     parks = {pool: log.count("Parking task ") for pool, log in logs.items()}
     report("parking/pools", runs=bed.runs_per_task(), lateness=late, receives=receives, parks=parks)
+    assert drained, logs
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
     assert all(on_time(seconds) for seconds in late.values()), late
     assert back_by_eta(bed, sent) == {task.task_id: [] for task, _ in sent}, late
@@ -127,13 +139,15 @@ def test_a_parked_task_never_reaches_the_dead_letter_queue_for_waiting(short_hol
             process.wait_ready()
         sent = [send_due_in(bed, f"due-{n}", 4 * HOLD + 2 * n) for n in range(2)]
         bed.wait_for_executions(len(sent), timeout=4 * HOLD + 20)
-        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        drained = no_copy_left(bed)["drained"]
+        wait_out_copies(bed, len(sent), TASK_SECONDS)
         logs = [process.log for process in workers]
     dead = dead_lettered(bed, wait_seconds=1)
     late = lateness(bed, sent)
     copies = sum(log.count("as a fresh copy") for log in logs)
     report("parking/dlq", runs=bed.runs_per_task(), lateness=late, copies=copies, dead=len(dead))
     assert dead == []
+    assert drained, logs
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
     assert all(on_time(seconds) for seconds in late.values()), late
     assert back_by_eta(bed, sent) == {task.task_id: [] for task, _ in sent}, late
@@ -170,7 +184,8 @@ def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_non
         assert second.warm_shutdown(30) == 0, second.log
         third = start(stack, bed, "gevent", 2, "c", options=OPTIONS)
         bed.wait_for_executions(len(sent), timeout=max(eta for _, eta in sent) - time.time() + 15)
-        bed.wait_for_executions(len(sent) + 1, timeout=HOLD)
+        drained = no_copy_left(bed)["drained"]
+        wait_out_copies(bed, len(sent), TASK_SECONDS)
         logs = {p.log_path.name: p.log_path.read_text() for p in (first, second, third)}
     late = lateness(bed, sent)
     released = [
@@ -180,6 +195,7 @@ def test_workers_killed_or_stopped_while_tasks_are_parked_lose_and_duplicate_non
         if e["visibility"] == 0
     ]
     report("parking/restarts", runs=bed.runs_per_task(), lateness=late, released=released)
+    assert drained, logs
     assert bed.runs_per_task() == {task.task_id: 1 for task, _ in sent}, logs
     assert all(on_time(seconds) for seconds in late.values()), late
     assert back_by_eta(bed, sent) == {task.task_id: [] for task, _ in sent}, late
@@ -218,10 +234,12 @@ def test_a_retry_with_a_countdown_is_parked_too(short_hold_bed: Bed) -> None:
         process.wait_ready()
         task = send_recorded(bed, "retries_later", "retried", 2 * HOLD)
         runs = bed.wait_for_executions(2, timeout=2 * HOLD + 20)
-        bed.wait_for_executions(3, timeout=HOLD)
+        drained = no_copy_left(bed)["drained"]
+        wait_out_copies(bed, 2, TASK_SECONDS)
         log = process.log
     first, then = sorted(runs, key=lambda run: run["start"])
     report("parking/retry", gap=round(then["start"] - first["start"], 2))
+    assert drained, log
     assert [r["name"] for r in bed.executions()] == ["retried-first", "retried"], log
     assert 2 * HOLD <= then["start"] - first["start"] <= 2 * HOLD + LATENESS + 1
     assert f"Parking task tests.integration.app.retries_later[{task.task_id}]" in log, log
