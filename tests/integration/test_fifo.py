@@ -32,6 +32,7 @@ from tests.integration.harness import (
     settle,
     tally,
     wait_for,
+    wait_out_copies,
     worker,
 )
 from tests.integration.sqs_reads import releases
@@ -280,7 +281,8 @@ def test_a_failed_task_comes_back_before_the_rest_of_its_group_then_is_dead_lett
     ) as process:
         runs = bed.wait_for_executions(MAX_RECEIVES + len(rest), timeout=40)
         all_deleted = settle(lambda: deleted(bed, *rest))
-        runs = bed.wait_for_executions(MAX_RECEIVES + len(rest) + 1, timeout=2)
+        drained = no_copy_left(bed)["drained"]
+        runs = wait_out_copies(bed, MAX_RECEIVES + len(rest), 0.2)
         log = process.log
     runs.sort(key=lambda run: run["start"])
     failed = runs[:MAX_RECEIVES]
@@ -299,6 +301,7 @@ def test_a_failed_task_comes_back_before_the_rest_of_its_group_then_is_dead_lett
     # The failing task again and again before the rest of its group, then the rest in order.
     assert [run["name"] for run in runs] == ["A0"] * MAX_RECEIVES + ["A1", "A2"], log
     assert [run["outcome"] for run in runs] == ["failed"] * MAX_RECEIVES + ["ok", "ok"]
+    assert drained, log
     assert in_order_one_at_a_time(runs, ["A1", "A2"]) == []
     assert all_deleted
     # Released, not left to its 10 s lease.
@@ -366,7 +369,8 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_group_over_in_ord
         first_exit = first.process.wait(30)
         runs = bed.wait_for_executions(len(everything), timeout=30)
         all_deleted = settle(lambda: deleted(bed, *everything))
-        runs = bed.wait_for_executions(len(everything) + 1, timeout=2)
+        drained = no_copy_left(bed)["drained"]
+        runs = wait_out_copies(bed, len(everything), 2.5 * SHUTDOWN_LEASE)
         first_log, second_log = first.log, second.log
     by_name = by_label(runs)
     events = {task.task_id: events_of(bed, task) for task in everything}
@@ -391,6 +395,7 @@ def test_warm_shutdown_finishes_the_running_task_and_hands_its_group_over_in_ord
         ],
     )
     assert first_exit == 0, first_log
+    assert drained, first_log + second_log
     assert bed.runs_per_task() == {task.task_id: 1 for task in everything}, first_log + second_log
     assert by_name["A0"]["worker"] == "first"
     assert [by_name[name]["worker"] for name in ("A1", "B0", "C0", "D0")] == ["second"] * 4

@@ -23,7 +23,9 @@ from tests.integration.harness import (
     Bed,
     assert_queue_empty,
     assert_reconnected,
+    no_copy_left,
     records,
+    wait_out_copies,
     worker,
 )
 
@@ -60,11 +62,13 @@ def test_a_reconnect_keeps_running_leases_and_runs_every_prefetched_task_once(
         IT_DROP_CONNECTION_AFTER=LEASE,
     ) as process:
         bed.wait_for_executions(4, timeout=120)
-        # A second run of a waiting task would come once its released copy is received.
-        bed.wait_for_executions(5, timeout=2 * LEASE + 2)
+        # No copy can come once the queue is drained; one received before may still run.
+        drained = no_copy_left(bed)["drained"]
+        wait_out_copies(bed, 4, 4 * LEASE)
         log = process.log
         assert process.process.poll() is None, log
     assert_reconnected(log)
+    assert drained, log
     assert bed.runs_per_task() == dict.fromkeys([*running, *waiting], 1), log
     assert "Lost the SQS lease" not in log, log
     assert "Couldn't ack" not in log, log

@@ -25,10 +25,12 @@ from tests.integration.harness import (
     Bed,
     Sent,
     Worker,
+    no_copy_left,
     process_gone,
     report,
     send_recorded,
     wait_for,
+    wait_out_copies,
 )
 from tests.integration.sqs_reads import releases
 
@@ -323,8 +325,9 @@ def test_cold_shutdown_releases_unstarted_messages_at_once(
         first_exit = held.first.process.wait(30)
         everything = [held.running, *held.unstarted]
         runs = bed.wait_for_executions(len(everything), timeout=COLD_LEASE + RUNNING_SECONDS + 30)
-        runs = bed.wait_for_executions(len(everything) + 1, timeout=2)
         wait_for(lambda: deleted(bed, *everything), 10, "the deletes")
+        drained = no_copy_left(bed)["drained"]
+        runs = wait_out_copies(bed, len(everything), RUNNING_SECONDS)
         second_alive = second.process.poll() is None
         first_log, second_log = held.first.log, second.log
     by_task = {run["task_id"]: run for run in runs}
@@ -348,6 +351,7 @@ def test_cold_shutdown_releases_unstarted_messages_at_once(
         releases=sum(len(releases(e)) for e in events.values()),
         calls=calls_since(bed, calls_before),
     )
+    assert drained, first_log + second_log
     assert bed.runs_per_task() == {task.task_id: 1 for task in everything}, first_log
     # The running task was killed in "a" before it could finish; it ran whole in "b".
     assert {run["worker"] for run in runs} == {"b"}, runs
@@ -397,8 +401,9 @@ def test_a_second_sigterm_is_still_a_warm_shutdown(bed: Bed) -> None:
         first_exit = held.first.process.wait(RUNNING_SECONDS + 30)
         everything = [held.running, *held.unstarted]
         runs = bed.wait_for_executions(len(everything), timeout=COUNTDOWN_SECONDS + 30)
-        runs = bed.wait_for_executions(len(everything) + 1, timeout=2)
         wait_for(lambda: deleted(bed, *everything), 10, "the deletes")
+        drained = no_copy_left(bed)["drained"]
+        runs = wait_out_copies(bed, len(everything), RUNNING_SECONDS)
         second_alive = second.process.poll() is None
         first_log, second_log = held.first.log, second.log
     by_task = {run["task_id"]: run for run in runs}
@@ -426,6 +431,7 @@ def test_a_second_sigterm_is_still_a_warm_shutdown(bed: Bed) -> None:
     assert first_log.count("Warm shutdown") == 2, first_log
     assert "Cold shutdown" not in first_log
     assert first_exit == 0
+    assert drained, first_log + second_log
     assert bed.runs_per_task() == {task.task_id: 1 for task in everything}
     assert by_task[held.running.task_id]["worker"] == "a"
     assert releases(events[held.running]) == [], events[held.running]
