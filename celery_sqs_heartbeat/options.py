@@ -80,6 +80,7 @@ OPTION_NAMES = (
     "large_payload_kms_key_id",
     "eta_parking",
     "eta_parking_threshold",
+    "eta_send_delay",
     # Read by celery_sqs_heartbeat.monitoring.event_fanout.
     "events_through_sns",
 )
@@ -117,6 +118,11 @@ class HeartbeatOptions:
     #: SQS, not in the worker; False: every ETA task is held until due, as by Celery.
     eta_parking: bool = True
     eta_parking_threshold: float = DEFAULT_ETA_PARKING_THRESHOLD
+    #: A task published with an ETA less than 15 minutes away (at least a second) is
+    #: sent with ``DelaySeconds`` on a standard queue, so that SQS holds the wait, not a
+    #: worker (:mod:`celery_sqs_heartbeat.publishing.send_delay`); read where the task
+    #: is published. False: sent at once, as by kombu.
+    eta_send_delay: bool = True
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
@@ -138,6 +144,7 @@ class HeartbeatOptions:
             ack_batching=_boolean(options, "ack_batching", True),
             ack_batch_interval=_ack_batch_interval(options, visibility_timeout, extension),
             eta_parking=_boolean(options, "eta_parking", True),
+            eta_send_delay=_boolean(options, "eta_send_delay", True),
         )
         if not extension:
             return replace(

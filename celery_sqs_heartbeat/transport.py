@@ -5,6 +5,7 @@ in its ``__init__``, in this order: the :class:`~.receiving.receiver.Receiver` (
 loop), the :class:`~.payloads.reader.PayloadReader` (bodies through S3), the
 :class:`~.receiving.intake.Intake` (leases from the receive to the consumer's claim), the
 :class:`~.settling.settler.Settler` (acks, rejects, the flush at close), the
+:class:`~.publishing.send_delay.SendDelays` (countdowns delayed in SQS), the
 :class:`~.publishing.sender.Sender` (batched publishes), the
 :class:`~.queues.keeper.QueueKeeper` (URLs and new queues), the
 :class:`~.queues.cleanup.AutoDeleteQueues`, the
@@ -79,6 +80,7 @@ from .payloads.options import LargePayloadOptions, PayloadAccess
 from .payloads.reader import PayloadReader, ReadingQoS
 from .payloads.store import PayloadStore
 from .process import this_process
+from .publishing.send_delay import SendDelays
 from .publishing.sender import Sender
 from .queues.cleanup import AutoDeleteQueues
 from .queues.keeper import QueueKeeper
@@ -210,6 +212,7 @@ class Channel(SQSChannel):
             self.lease_table,
             self.receiver.shutdown_release_delay,
         )
+        self.send_delays = SendDelays(self.options.eta_send_delay)
         self.sender = Sender(connection.payload_store, self.canonical_queue_name)
         self.queue_keeper = QueueKeeper(self)
         self.auto_delete_queues = AutoDeleteQueues(self)
@@ -304,9 +307,12 @@ class Channel(SQSChannel):
     # --- publishing -----------------------------------------------------------------------
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        # The sender goes around the reply keeper: inside a batch scope it catches the one
-        # SendMessage kombu makes; a remote-control reply it never catches, so the reply
-        # keeper sees its send and drops a reply whose queue is gone.
+        # 1. An ETA's delay is set in the message first: kombu's SendMessage carries it,
+        #    and so does the one the sender catches inside a batch scope.
+        # 2. The sender goes around the reply keeper: inside a batch scope it catches the
+        #    one SendMessage kombu makes; a remote-control reply it never catches, so the
+        #    reply keeper sees its send and drops a reply whose queue is gone.
+        self.send_delays.set_on(queue, message)
         kombu_put = partial(super()._put, queue, message, **kwargs)
         self.sender.put(queue, message, partial(self.reply_queues.put, queue, kombu_put))
 

@@ -33,6 +33,7 @@ __all__ = [
     "Due",
     "ParkingPolicy",
     "copy_attributes",
+    "due_of_headers",
     "read_due",
 ]
 
@@ -163,8 +164,15 @@ def read_due(body: str) -> Due | None:
     is an ETA that cannot be read, which Celery itself will reject.
     """
     envelope = _envelope(body)
-    headers = envelope.get("headers") if envelope else None
-    if not isinstance(headers, dict) or "task" not in headers:
+    return due_of_headers(envelope.get("headers") if envelope else None)
+
+
+def due_of_headers(headers: Any) -> Due | None:
+    """The same from a message's headers, as a producer hands them to kombu's ``_put``.
+
+    None for headers that are not a protocol 2 task's, or whose ETA cannot be read.
+    """
+    if not isinstance(headers, Mapping) or "task" not in headers:
         return None
     try:
         eta = _instant(headers.get("eta"))

@@ -4,13 +4,14 @@ At INFO a worker showed nothing of the transport: whoever started one could not 
 from its log that leases were held and renewed, nor with which settings, without DEBUG
 or ``celery inspect``. This line says it once, when Celery's worker is ready: the lease,
 when it is renewed and for how long, what happens to a rejected message and at shutdown,
-which ETA tasks are parked, where large bodies go, and how S3 objects are guarded.
+which ETA tasks are parked or sent delayed, where large bodies go, and how S3 objects are guarded.
 Renewals themselves stay at DEBUG (one a lease every few seconds); a lease lost or a
 message released is logged at INFO or above by :mod:`celery_sqs_heartbeat.leasing.reporting`.
 """
 
 from __future__ import annotations
 
+from ..aws.sqs_facts import SQS_MAX_DELAY_SECONDS
 from ..leasing.leases import LeasePolicy
 from ..options import HeartbeatOptions
 from ..payloads.options import DEFAULT_MAX_READ_BYTES, LargePayloadOptions, PayloadAccess
@@ -75,10 +76,21 @@ def _releases(options: HeartbeatOptions) -> str:
 
 def _parking(options: HeartbeatOptions) -> str:
     if not options.eta_parking:
-        return "ETA tasks are held until due (eta_parking off)"
+        parking = "ETA tasks are held until due (eta_parking off)"
+    else:
+        parking = (
+            f"ETA tasks due in more than {options.eta_parking_threshold:g} s wait in SQS "
+            "(eta_parking_threshold)"
+        )
+    return f"{parking}; {_send_delay(options)}"
+
+
+def _send_delay(options: HeartbeatOptions) -> str:
+    if not options.eta_send_delay:
+        return "countdowns published here are sent at once (eta_send_delay off)"
     return (
-        f"ETA tasks due in more than {options.eta_parking_threshold:g} s wait in SQS "
-        "(eta_parking_threshold)"
+        f"countdowns published here are sent with an SQS delay of up to "
+        f"{SQS_MAX_DELAY_SECONDS} s (eta_send_delay)"
     )
 
 

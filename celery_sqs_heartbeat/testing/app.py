@@ -92,6 +92,7 @@ class StrictApp:
                     entries=call.entries,
                     asked=call.asked,
                     returned=returned,
+                    delays=list(call.delays) if call.delays is not None else None,
                 ),
                 generation,
             )

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 _QUERY_ENTRY_ID_KEY = re.compile(r"[^.]+\.(\d+)\.Id")
+_QUERY_ENTRY_DELAY_KEY = re.compile(r"[^.]+\.(\d+)\.DelaySeconds")
+#: The calls that send messages, whose ``DelaySeconds`` the call log keeps.
+_SENDS = ("SendMessage", "SendMessageBatch")
 
 
 class SQSCall(NamedTuple):
@@ -33,6 +36,8 @@ class SQSCall(NamedTuple):
     asked: int | None = None
     #: An S3 call: its faults are answered in S3's XML.
     s3: bool = False
+    #: A send's ``DelaySeconds``, one per message in entry order (0 where none was given).
+    delays: tuple[int, ...] | None = None
 
 
 class ErrorReply(NamedTuple):
@@ -126,6 +131,7 @@ def identify_call(environ: WSGIEnvironment) -> SQSCall | None:
             len(entries) if isinstance(entries, list) else 0,
             True,
             _asked(action, payload.get("MaxNumberOfMessages")),
+            delays=_json_delays(action, payload),
         )
     form = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
     if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
@@ -135,7 +141,39 @@ def identify_call(environ: WSGIEnvironment) -> SQSCall | None:
         return None
     entry_numbers = {m.group(1) for key in form if (m := _QUERY_ENTRY_ID_KEY.fullmatch(key))}
     asked = form.get("MaxNumberOfMessages", [None])[0]
-    return SQSCall(action, len(entry_numbers), False, _asked(action, asked))
+    delays = _query_delays(action, form, entry_numbers)
+    return SQSCall(action, len(entry_numbers), False, _asked(action, asked), delays=delays)
+
+
+def _json_delays(action: str, payload: dict[str, Any]) -> tuple[int, ...] | None:
+    if action not in _SENDS:
+        return None
+    entries = payload.get("Entries") if action == "SendMessageBatch" else [payload]
+    if not isinstance(entries, list):
+        return ()
+    return tuple(_whole(entry.get("DelaySeconds")) for entry in entries if isinstance(entry, dict))
+
+
+def _query_delays(
+    action: str, form: dict[str, list[str]], entry_numbers: set[str]
+) -> tuple[int, ...] | None:
+    if action == "SendMessage":
+        return (_whole(form.get("DelaySeconds", [None])[0]),)
+    if action != "SendMessageBatch":
+        return None
+    given = {
+        m.group(1): values[0]
+        for key, values in form.items()
+        if (m := _QUERY_ENTRY_DELAY_KEY.fullmatch(key))
+    }
+    return tuple(_whole(given.get(number)) for number in sorted(entry_numbers, key=int))
+
+
+def _whole(given: Any) -> int:
+    try:
+        return int(given) if given is not None else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _asked(action: str, given: Any) -> int | None:

@@ -35,7 +35,8 @@ class Call(TypedDict):
     """One SQS call, as the server saw it: when it arrived and when it was answered.
 
     ``entries`` counts the entries of a batch call; for ReceiveMessage, ``asked`` is its
-    MaxNumberOfMessages and ``returned`` how many messages the answer carried. Latency
+    MaxNumberOfMessages and ``returned`` how many messages the answer carried; a send's
+    ``delays`` are the ``DelaySeconds`` it asked for, one per message. Latency
     and faults are inside the ``arrived``..``answered`` span, as a client sees them.
     """
 
@@ -45,6 +46,8 @@ class Call(TypedDict):
     entries: int
     asked: int | None
     returned: int | None
+    #: A SendMessage's or SendMessageBatch's ``DelaySeconds`` per message (0: none given).
+    delays: list[int] | None
 
 
 class Refusal(TypedDict):

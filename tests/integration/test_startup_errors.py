@@ -98,8 +98,9 @@ def test_at_info_a_worker_says_once_what_it_holds_and_each_message_it_releases(
         "are left (adaptive margin), checked every 0.75 s, until the ack or 43140 s after the "
         "receive (SQS's 12 hours less a minute); a rejected message is released, visible again "
         "after 60 s (release_on_failure, release_delay); messages not started are released at "
-        "shutdown; ETA tasks due in more than 900 s wait in SQS (eta_parking_threshold); large "
-        "payloads off: every body in SQS (large_payload_bucket)"
+        "shutdown; ETA tasks due in more than 900 s wait in SQS (eta_parking_threshold); "
+        "countdowns published here are sent with an SQS delay of up to 900 s (eta_send_delay); "
+        "large payloads off: every body in SQS (large_payload_bucket)"
     ], log
     assert log.count("Unknown transport option 'visiblity_timeout'") == 1, log
     assert released, log

@@ -973,6 +973,42 @@ def test_the_call_log_has_each_calls_span_and_what_a_receive_asked_and_got(
     assert sqs_server.call_log() == []
 
 
+def test_the_call_log_has_the_delay_of_each_message_sent(
+    sqs_server: StrictSQSServer, sqs: Any, queue_url: str
+) -> None:
+    sqs_server.reset_calls()
+    sqs.send_message(QueueUrl=queue_url, MessageBody="now")
+    sqs.send_message(QueueUrl=queue_url, MessageBody="later", DelaySeconds=7)
+    sqs.send_message_batch(
+        QueueUrl=queue_url,
+        Entries=[
+            {"Id": "a", "MessageBody": "a", "DelaySeconds": 3},
+            {"Id": "b", "MessageBody": "b"},
+        ],
+    )
+    query_call(
+        sqs_server,
+        {
+            "Action": "SendMessageBatch",
+            "QueueUrl": queue_url,
+            "SendMessageBatchRequestEntry.1.Id": "x",
+            "SendMessageBatchRequestEntry.1.MessageBody": "x",
+            "SendMessageBatchRequestEntry.2.Id": "y",
+            "SendMessageBatchRequestEntry.2.MessageBody": "y",
+            "SendMessageBatchRequestEntry.2.DelaySeconds": "9",
+        },
+    )
+    sqs.receive_message(QueueUrl=queue_url)
+
+    assert [call["delays"] for call in sqs_server.call_log()] == [
+        [0],
+        [7],
+        [3, 0],
+        [0, 9],
+        None,
+    ]
+
+
 def test_a_call_that_arrived_before_a_reset_is_not_logged_after_it(
     sqs_server: StrictSQSServer, queue_url: str
 ) -> None:

@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -740,6 +741,41 @@ def test_a_put_in_a_batch_scope_resolves_its_queue_at_once_and_sends_in_a_batch(
         "SendMessageBatch",
     ]
     assert "SendMessage" not in [name for name, _ in aws.calls]
+
+
+def countdown_message(channel: Channel, task_id: str, countdown: float) -> dict[str, Any]:
+    """A task published with a countdown, as Celery's producer hands it to ``_put``."""
+    eta = datetime.now(timezone.utc) + timedelta(seconds=countdown)
+    headers = {"id": task_id, "task": "proj.tasks.report", "eta": eta.isoformat()}
+    return channel.prepare_message("{}", 0, "application/json", "utf-8", headers, {})
+
+
+def test_a_countdowns_delay_is_set_before_kombus_send_in_and_out_of_a_batch_scope(
+    open_channel: OpenChannel, aws: FakeAWS
+) -> None:
+    """Order of ``_put`` for a task with an ETA: its delay is set in the message first,
+    so kombu's SendMessage carries it, and so does the SendMessageBatch entry made of
+    the SendMessage a scope caught; a FIFO queue's message goes without one.
+
+    Set after kombu's part, the delay would reach SQS in neither call, and the worker
+    would receive the task at once and hold it until due.
+    """
+    channel = open_channel()
+    fifo = Queue("hook.order.jobs.fifo", Exchange("hook.order.fifo", "direct"), routing_key="f")
+    fifo(channel).declare()
+
+    channel._put("hook.order.jobs", countdown_message(channel, "alone", 120.9))
+    channel._put("hook.order.jobs.fifo", countdown_message(channel, "in-fifo", 120.9))
+    with publishing_in_batches():
+        channel._put("hook.order.jobs", countdown_message(channel, "in-scope", 300.9))
+
+    alone, in_fifo = aws.params("SendMessage")
+    (batch,) = aws.params("SendMessageBatch")
+    (entry,) = batch["Entries"]
+    # Whole seconds to the ETA, read when each _put ran (a generous guard for a slow run).
+    assert 110 <= alone["DelaySeconds"] <= 120
+    assert "DelaySeconds" not in in_fifo
+    assert 290 <= entry["DelaySeconds"] <= 300
 
 
 # --- _delete ------------------------------------------------------------------------------

@@ -468,6 +468,11 @@ def test_eta_parking_is_on_with_a_15_minute_threshold_by_default() -> None:
     assert options.eta_parking_threshold == 900
 
 
+def test_countdowns_are_sent_delayed_unless_eta_send_delay_is_off() -> None:
+    assert parse().eta_send_delay is True
+    assert parse(eta_send_delay=False).eta_send_delay is False
+
+
 @pytest.mark.parametrize(
     ("given", "threshold"),
     [
@@ -494,6 +499,7 @@ def test_the_parking_threshold_defaults_to_at_most_half_the_hold(
     ("given", "expected_in_message"),
     [
         ({"eta_parking": "yes"}, ["eta_parking='yes'", "True or False"]),
+        ({"eta_send_delay": "no"}, ["eta_send_delay='no'", "True or False"]),
         ({"eta_parking_threshold": 1}, ["eta_parking_threshold=1", "from 2 to 21570"]),
         (
             {"eta_parking_threshold": 21571},

@@ -204,8 +204,9 @@ def test_the_settings_line_with_every_default() -> None:
         "margin), checked every 1 s, until the ack or 43140 s after the receive (SQS's 12 "
         "hours less a minute); a rejected message is deleted, or left to the queue's redrive "
         "policy (release_on_failure off); messages not started are released at shutdown; ETA "
-        "tasks due in more than 900 s wait in SQS (eta_parking_threshold); large payloads off: "
-        "every body in SQS (large_payload_bucket)"
+        "tasks due in more than 900 s wait in SQS (eta_parking_threshold); countdowns "
+        "published here are sent with an SQS delay of up to 900 s (eta_send_delay); large "
+        "payloads off: every body in SQS (large_payload_bucket)"
     )
 
 
@@ -219,6 +220,7 @@ def test_the_settings_line_names_what_was_set() -> None:
         "release_delay": [10, 60, 300],
         "release_on_shutdown": False,
         "eta_parking": False,
+        "eta_send_delay": False,
         "large_payload_bucket": "task-bodies",
         "large_payload_prefix": "big/",
     }
@@ -232,6 +234,7 @@ def test_the_settings_line_names_what_was_set() -> None:
         "(release_on_failure, release_delay)",
         "messages not started are left to their lease at shutdown (release_on_shutdown off)",
         "ETA tasks are held until due (eta_parking off)",
+        "countdowns published here are sent at once (eta_send_delay off)",
         "bodies over 262144 bytes go through s3://task-bodies/big/ (large_payload_threshold)",
     ]
 
