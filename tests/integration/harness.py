@@ -39,6 +39,11 @@ needs_sns_fanout = pytest.mark.skipif(
     reason="kombu before 5.7 has no SNS fanout: a broadcast on SQS reaches no worker",
 )
 
+#: Transport options of a producer whose countdowns a worker must hold or park: without
+#: them a countdown of up to 15 minutes is sent with SQS's DelaySeconds, and no worker
+#: sees it before it is due (``eta_send_delay``, tests/integration/test_countdown_delay.py).
+UNDELAYED = {"eta_send_delay": False}
+
 _RECORD_START = re.compile(r"^\[[^\]]*: (DEBUG|INFO|WARNING|ERROR|CRITICAL)/", re.MULTILINE)
 
 
@@ -179,13 +184,15 @@ def send_recorded(
     task: str,
     *args: Any,
     edit_params: Callable[[dict[str, Any]], None] | None = None,
+    transport_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Sent:
     """Like ``bed.send``, and also the SQS message id, to find the task in the event log.
 
     ``edit_params`` may change the SendMessage parameters before they are sent; options
     that ``send_task`` does not know become message properties, which kombu reads
-    (``MessageGroupId``, ``MessageDeduplicationId``).
+    (``MessageGroupId``, ``MessageDeduplicationId``); ``transport_options`` add to the
+    producer's ``broker_transport_options``.
     """
     sent: list[dict[str, Any]] = []
     message_ids: list[str] = []
@@ -202,7 +209,10 @@ def send_recorded(
         "provide-client-params.sqs.SendMessage": keep,
         "after-call.sqs.SendMessage": note_message_id,
     }
-    with bed.client_app("producer") as app, app.producer_or_acquire() as producer:
+    with (
+        bed.client_app("producer", transport_options=transport_options) as app,
+        app.producer_or_acquire() as producer,
+    ):
         # kombu may hand a later producer the same client: the hooks must not stay.
         events = producer.channel.sqs().meta.events
         for event, hook in hooks.items():

@@ -39,6 +39,7 @@ import celery
 import pytest
 
 from tests.integration.harness import (
+    UNDELAYED,
     Bed,
     Worker,
     assert_queue_empty,
@@ -173,7 +174,11 @@ def prepare(shape: str, bed: Bed) -> Work:
             [bed],
             lambda: [
                 *long_and_short(bed),
-                *(bed.send("busy", "far", SHORT, countdown=COUNTDOWN) for _ in range(2)),
+                # Published undelayed: parked at the receive, the path under test.
+                *(
+                    bed.send("busy", "far", SHORT, countdown=COUNTDOWN, transport_options=UNDELAYED)
+                    for _ in range(2)
+                ),
             ],
             options={"eta_parking_threshold": THRESHOLD},
         )

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tests.integration.harness import (
+    UNDELAYED,
     Bed,
     Sent,
     no_copy_left,
@@ -37,11 +38,15 @@ HOLD = 8
 LEASE = 4
 #: ETAs further away than this are parked; parked ones come back half of it early.
 THRESHOLD = 4
+#: The workers' options. Their countdowns (a retry's) are published undelayed, as the
+#: producers' are (:data:`UNDELAYED`): these ETAs are minutes in SQS's delay range, scaled
+#: down, and parking is what is tested here.
 OPTIONS = {
     "visibility_timeout": LEASE,
     "visibility_extension_max": HOLD,
     "eta_parking_threshold": THRESHOLD,
     "ack_batch_interval": 0.2,
+    **UNDELAYED,
 }
 #: How long each task runs.
 TASK_SECONDS = 0.1
@@ -62,7 +67,10 @@ EARLY_START = 0.5
 def send_due_in(bed: Bed, label: str, seconds: float, **options: Any) -> tuple[Sent, float]:
     """A task with an absolute ETA ``seconds`` from now; the task and its ETA (epoch)."""
     eta = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-    return send_recorded(bed, "busy", label, TASK_SECONDS, eta=eta, **options), eta.timestamp()
+    task = send_recorded(
+        bed, "busy", label, TASK_SECONDS, eta=eta, transport_options=UNDELAYED, **options
+    )
+    return task, eta.timestamp()
 
 
 def lateness(bed: Bed, sent: list[tuple[Sent, float]]) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.harness import (
+    UNDELAYED,
     Bed,
     assert_no_visibility_change_after_delete,
     no_copy_left,
@@ -25,7 +26,7 @@ def test_every_task_runs_once_when_tasks_outlive_the_lease(
     # Three leases long; with prefetch 2 per process, some wait behind the running ones,
     # and the countdown task is held in memory past a whole lease before it starts.
     long_ids = [bed.send("busy", f"long-{n}", 3 * LEASE) for n in range(concurrency + 2)]
-    eta_id = bed.send("busy", "eta", 0.5, countdown=LEASE + 2)
+    eta_id = bed.send("busy", "eta", 0.5, countdown=LEASE + 2, transport_options=UNDELAYED)
     with worker(
         bed,
         pool,

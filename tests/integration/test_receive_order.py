@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-from tests.integration.harness import new_bed, report
+from tests.integration.harness import UNDELAYED, new_bed, report
 from tests.integration.test_large_payloads import LARGE, new_bucket
 from tests.integration.test_parking import HOLD, OPTIONS, SHORT_HOLD
 from tests.integration.test_worker_stops import start
@@ -34,7 +34,7 @@ def test_a_far_countdown_whose_body_went_through_s3_is_parked_not_held(
     bed = new_bed(short_hold, tmp_path)
     bucket = new_bucket(bed)
     bed.create_queue(visibility_timeout=60)
-    large = {"large_payload_bucket": bucket}
+    large = {"large_payload_bucket": bucket, **UNDELAYED}
     with ExitStack() as stack:
         process = start(stack, bed, "threads", 2, "a", options={**OPTIONS, **large})
         process.wait_ready()

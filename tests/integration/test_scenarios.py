@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.harness import (
     REPO,
+    UNDELAYED,
     Bed,
     Worker,
     assert_no_visibility_change_after_delete,
@@ -154,7 +155,7 @@ def test_release_delay_schedule_spaces_the_retries(bed: Bed) -> None:
 def test_warm_shutdown_finishes_running_task_and_hands_over_the_rest(bed: Bed) -> None:
     running = bed.send("busy", "running", 2 * LEASE)
     waiting = [bed.send("busy", f"waiting-{n}", 0.1) for n in range(3)]
-    held = bed.send("busy", "countdown", 0.1, countdown=12)
+    held = bed.send("busy", "countdown", 0.1, countdown=12, transport_options=UNDELAYED)
     options = {"visibility_timeout": 30}
     first = Worker(bed, "prefork", 1, "first", bed.env(options=options, IT_PREFETCH_MULTIPLIER=8))
     first.wait_ready()

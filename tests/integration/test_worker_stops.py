@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tests.integration.harness import (
+    UNDELAYED,
     Bed,
     Sent,
     Worker,
@@ -276,7 +277,16 @@ def hold_a_running_task_and_prefetched_ones(
     wait_for(lambda: received(first, running), 30, "the running task")
     unstarted = [send_recorded(bed, "busy", f"waiting-{n}", 0.1) for n in range(3)]
     countdown_due = time.time() + COUNTDOWN_SECONDS
-    unstarted.append(send_recorded(bed, "busy", "countdown", 0.1, countdown=COUNTDOWN_SECONDS))
+    unstarted.append(
+        send_recorded(
+            bed,
+            "busy",
+            "countdown",
+            0.1,
+            countdown=COUNTDOWN_SECONDS,
+            transport_options=UNDELAYED,
+        )
+    )
     wait_for(lambda: all(received(first, task) for task in unstarted), 30, "the prefetch")
     pool_pids = first.pool_pids()
     assert len(pool_pids) == 1, pool_pids
