@@ -41,6 +41,13 @@ app.conf.update(
 )
 RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
 
+if os.environ.get("IT_TRACE_FILE"):
+    # OpenTelemetry's Celery instrumentation, as an application turns it on: the
+    # producers' publishes and the workers' task runs become spans (tests/integration/tracing.py).
+    from tests.integration.tracing import trace_to_file
+
+    trace_to_file(os.environ["IT_TRACE_FILE"])
+
 if os.environ.get("IT_SECURITY_DIR"):
     # Celery's message signing, set up as its docs say: every message this app sends is
     # signed with the key, and only messages signed by a certificate of the store are

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -252,3 +254,38 @@ def test_a_forked_child_reports_nothing_until_it_registers_then_its_own_counters
     assert json.loads(answer) == [0, [0]]
     _, points = collected(reader)
     assert [v for (name, _), v in points.items() if name.endswith("messages.released")] == [2]
+
+
+_REGISTERED_BEFORE_THE_SDK = """
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from celery_sqs_heartbeat.monitoring.opentelemetry import register_instruments
+from celery_sqs_heartbeat.process import this_process
+
+this_process().metrics.record_released(2)
+register_instruments()
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+for resource in reader.get_metrics_data().resource_metrics:
+    for scope in resource.scope_metrics:
+        for metric in scope.metrics:
+            if metric.name == "celery_sqs_heartbeat.messages.released":
+                print(scope.scope.name, [point.value for point in metric.data.data_points])
+"""
+
+
+def test_instruments_registered_before_the_application_installs_its_sdk_follow_it() -> None:
+    """A worker registers when it starts consuming, the application may install its
+    ``MeterProvider`` later (in ``worker_init``, say): the API's proxy meter hands the
+    instruments over. The global provider is set once per process, hence a process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _REGISTERED_BEFORE_THE_SDK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "celery_sqs_heartbeat [2]", done.stderr
