@@ -226,6 +226,16 @@ def test_registering_again_makes_no_second_set(
     assert released == [2]
 
 
+def test_without_the_api_registering_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker without the ``opentelemetry`` extra consumes as before."""
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.setattr(otel, "_instruments", None)
+
+    register_instruments()
+
+    assert otel._instruments is None
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_reports_nothing_until_it_registers_then_its_own_counters(
     global_meter: None, reader: InMemoryMetricReader, process_state: ProcessState
