@@ -24,9 +24,9 @@ bucket over the ``+Inf`` one is the share of renewals sent in the last second.
 
 Fork: the registration is inherited by a child forked once the worker consumes (a prefork
 pool process replaced after ``worker_max_tasks_per_child``), whose counters are its own
-and hold no lease. Only the process that registered, or registered
-again after the fork, observes anything: an inherited SDK reader in a child reports
-nothing rather than a second, zero-valued copy of the main process's series.
+and hold no lease. Only the process that registered, or registered again after the
+fork, observes anything: an inherited SDK reader in a child reports nothing rather than
+a second, zero-valued copy of the main process's series.
 """
 
 from __future__ import annotations
