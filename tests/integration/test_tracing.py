@@ -122,10 +122,11 @@ def test_a_parked_countdown_parents_its_task_run(bed: Bed) -> None:
         task_ids = publish(bed, options, "countdown", 3 * PARKING_THRESHOLD)
         wait_for_runs(bed, task_ids, runs_each=1)
 
-    ours = [e for e in bed.server.events() if e["queue"].endswith(bed.queue)]
-    parked = [e for e in ours if e["action"] == "change_visibility" and e["visibility"] > 0]
-    # Received, hidden again until near its ETA, received again: the run's message was parked.
-    assert len(parked) == 1 and len([e for e in ours if e["action"] == "receive"]) == 2, ours
+    actions = [e["action"] for e in bed.server.events() if e["queue"].endswith(bed.queue)]
+    # Received, hidden again until near its ETA, received again: the run's message was
+    # parked (renewals may follow the second receive, on a slow machine).
+    assert actions[:3] == ["receive", "change_visibility", "receive"], actions
+    assert actions.count("receive") == 2, actions
     assert_runs_are_children_of_their_publish(bed, task_ids)
 
 
