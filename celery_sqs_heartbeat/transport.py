@@ -71,6 +71,7 @@ from .leasing.leases import LeasePolicy
 from .leasing.manager import VisibilityExtensionManager
 from .monitoring import control  # noqa: F401  (importing registers the sqs_leases inspect commands)
 from .monitoring.event_fanout import EventFanout, events_through_sns
+from .monitoring.opentelemetry import register_instruments
 from .monitoring.pidbox_names import reply_queue_of
 from .monitoring.prometheus import start_exporter
 from .monitoring.reply_queue_keeper import ReplyQueueKeeper
@@ -321,13 +322,14 @@ class Channel(SQSChannel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        # 1. Consumers only start the exporter: producers never open a port, and in a
-        #    prefork worker the main process, which consumes, holds and renews the leases.
-        #    Before kombu's part: an exporter that cannot start stops the worker before
-        #    anything was subscribed or taken.
+        # 1. Consumers only start the exporter and register the OpenTelemetry instruments:
+        #    producers never open a port, and in a prefork worker the main process, which
+        #    consumes, holds and renews the leases. Before kombu's part: an exporter that
+        #    cannot start stops the worker before anything was subscribed or taken.
         # 2. kombu wraps the filtered callback: its wrapper claims the lease (QoS.append)
         #    before an unwanted event is acked, so none is left leased and unacked.
         start_exporter(self.options)
+        register_instruments()
         if self.transport_options.get("supports_fanout") and not KOMBU_BROADCASTS_THROUGH_SNS:
             _warn_broadcast_needs_sns()
         callback = self.event_fanout.consumer_callback(queue, no_ack, callback)

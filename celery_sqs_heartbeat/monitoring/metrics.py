@@ -8,9 +8,9 @@ left when its renewal went out. That margin is the number to tune
 sent just in time, or too late.
 
 The renewal manager and the transport write the counters; :func:`snapshot` reads them,
-and so do the DEBUG summary, the Prometheus collector and the ``sqs_lease_stats`` inspect
-command. A forked child (a prefork pool process) starts from zero, like the shared
-manager: the parent's leases and counts are not the child's.
+and so do the DEBUG summary, the Prometheus collector, the OpenTelemetry instruments and
+the ``sqs_lease_stats`` inspect command. A forked child (a prefork pool process) starts
+from zero, like the shared manager: the parent's leases and counts are not the child's.
 """
 
 from __future__ import annotations

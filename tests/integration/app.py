@@ -37,9 +37,25 @@ app.conf.update(
     task_acks_late=os.environ.get("IT_ACKS_LATE", "1") == "1",
     task_acks_on_failure_or_timeout=os.environ.get("IT_ACKS_ON_FAILURE", "1") == "1",
     worker_prefetch_multiplier=int(os.environ.get("IT_PREFETCH_MULTIPLIER", "1")),
+    # A prefork pool process replaced after this many tasks: forked while the worker consumes.
+    worker_max_tasks_per_child=int(os.environ.get("IT_MAX_TASKS_PER_CHILD", "0")) or None,
     worker_hijack_root_logger=False,
 )
 RECORD_FILE = os.environ.get("IT_RECORD_FILE", os.devnull)
+
+if os.environ.get("IT_TRACE_FILE"):
+    # OpenTelemetry's Celery instrumentation, as an application turns it on: the
+    # producers' publishes and the workers' task runs become spans (tests/integration/tracing.py).
+    from tests.integration.tracing import trace_to_file
+
+    trace_to_file(os.environ["IT_TRACE_FILE"])
+
+if os.environ.get("IT_METRICS_FILE"):
+    # An SDK MeterProvider, as an application installs one: the transport's instruments
+    # report through it (tests/integration/otel_metrics.py).
+    from tests.integration.otel_metrics import metrics_to_file
+
+    metrics_to_file(os.environ["IT_METRICS_FILE"])
 
 if os.environ.get("IT_SECURITY_DIR"):
     # Celery's message signing, set up as its docs say: every message this app sends is

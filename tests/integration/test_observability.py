@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
-from tests.integration.harness import REPO, Bed, needs_sns_fanout, worker
+from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for, worker
+from tests.integration.otel_metrics import data_points
 from tests.ports import free_port
 
 LEASE = 3
@@ -84,6 +85,55 @@ def test_the_exporter_shows_renewals_while_a_long_task_runs(bed: Bed) -> None:
     assert during["celery_sqs_heartbeat_renewal_margin_seconds_bucket{le=+Inf}"] >= 2
     assert after["celery_sqs_heartbeat_leases_lost_total"] == 0
     assert after["celery_sqs_heartbeat_leases_held"] == 0
+
+
+def latest(points: list[dict[str, Any]], name: str) -> float | None:
+    """The last value exported of an instrument without attributes but the system's."""
+    values = [p["value"] for p in points if p["name"] == name and len(p["attributes"]) == 1]
+    return values[-1] if values else None
+
+
+def test_opentelemetry_gets_the_renewals_from_the_main_process_alone(bed: Bed) -> None:
+    """The application installs an SDK MeterProvider at import, before the fork. The pool
+    process that runs the long task is forked once the worker consumes (its predecessor
+    left after one task), so it inherits the instruments and its reader exports, but only
+    the main process, which holds the leases, reports them."""
+    exported = str(bed.logs / "metrics.jsonl")
+    options = {"visibility_timeout": LEASE}
+    bed.send("busy", "short", 0)
+    bed.send("busy", "long", 3 * LEASE)
+    with worker(
+        bed, "prefork", 1, options=options, IT_METRICS_FILE=exported, IT_MAX_TASKS_PER_CHILD=1
+    ) as process:
+        during = wait_for(
+            lambda: (latest(data_points(exported), "celery_sqs_heartbeat.renewal.calls") or 0)
+            >= 2,
+            timeout=30,
+            what="two renewal calls exported",
+        )
+        bed.wait_for_executions(2, timeout=30)
+        wait_for(
+            lambda: latest(data_points(exported), "celery_sqs_heartbeat.leases.held") == 0,
+            timeout=LEASE + 5,
+            what="no lease held, exported",
+        )
+        main = process.process.pid
+    points = data_points(exported)
+
+    # Two pool processes ran the two tasks: the second was forked after the first task.
+    assert during and len({run["pid"] for run in bed.executions()}) == 2
+    assert {point["pid"] for point in points} == {main}
+    assert all(point["attributes"]["messaging.system"] == "aws_sqs" for point in points)
+    held = [p["value"] for p in points if p["name"] == "celery_sqs_heartbeat.leases.held"]
+    assert max(held) >= 1
+    assert latest(points, "celery_sqs_heartbeat.leases.lost") == 0
+    margins = [
+        p["value"]
+        for p in points
+        if p["name"] == "celery_sqs_heartbeat.renewal.margin.renewals"
+        and p["attributes"]["celery_sqs_heartbeat.renewal.margin.le"] == "+Inf"
+    ]
+    assert margins[-1] >= 2
 
 
 def inspect(bed: Bed, command: str, options: dict[str, Any], node: str) -> dict[str, Any]:

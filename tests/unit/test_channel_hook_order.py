@@ -28,6 +28,7 @@ from botocore.client import BaseClient
 from kombu import Connection, Exchange, Queue
 from kombu.transport import SQS
 
+from celery_sqs_heartbeat import transport
 from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
 from celery_sqs_heartbeat.leasing.leases import EntryResult
@@ -513,7 +514,10 @@ def test_declaring_a_missing_predefined_queue_names_it_before_anything_is_noted(
 
 @pytest.fixture
 def exporter(timeline: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The metrics exporter not yet started in this process; its start noted, no port opened."""
+    """The metrics exporter not yet started in this process; its start noted, no port opened.
+
+    The OpenTelemetry instruments' registration is noted too, never made.
+    """
     import prometheus_client
 
     def start_http_server(port: int, addr: str = "", **_: Any) -> None:
@@ -521,6 +525,9 @@ def exporter(timeline: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(prometheus, "_exporter_started", False)
     monkeypatch.setattr(prometheus_client, "start_http_server", start_http_server)
+    monkeypatch.setattr(
+        transport, "register_instruments", lambda: timeline.append("instruments registered")
+    )
 
 
 def events_channel(open_channel: OpenChannel, hub: Any = None, **options: Any) -> Channel:
@@ -537,10 +544,12 @@ def events_channel(open_channel: OpenChannel, hub: Any = None, **options: Any) -
 def test_consuming_starts_the_exporter_then_subscribes_then_polls(
     open_channel: OpenChannel, exporter: None, timeline: list[str]
 ) -> None:
-    """Order of ``basic_consume``: the metrics exporter starts first, then kombu
-    subscribes the queue to its SNS topic, then kombu's first poll is scheduled.
+    """Order of ``basic_consume``: the metrics exporter starts first, the OpenTelemetry
+    instruments are registered, then kombu subscribes the queue to its SNS topic, then
+    kombu's first poll is scheduled.
 
-    The exporter is started by consumers only (a producer never opens a port), and before
+    The exporter is started, and the instruments registered, by consumers only (a
+    producer never opens a port, nor holds a lease), and before
     kombu's part: an exporter that cannot start without prometheus-client stops the
     worker at start-up, before it subscribed anything or took a message. The subscription
     precedes the first poll so that no event published meanwhile is missed for good.
@@ -551,7 +560,7 @@ def test_consuming_starts_the_exporter_then_subscribes_then_polls(
 
     channel.basic_consume(EVENT_QUEUE, False, lambda message: None, "monitor")
 
-    assert timeline[0] == "exporter started 9808"
+    assert timeline[:2] == ["exporter started 9808", "instruments registered"]
     assert timeline.index("Subscribe celeryev") < timeline.index("hub.call_soon " + EVENT_QUEUE)
     assert timeline[-1] == "hub.call_soon " + EVENT_QUEUE
 
