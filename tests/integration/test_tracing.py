@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import REPO, Bed, wait_for, worker
+from tests.integration.harness import REPO, UNDELAYED, Bed, wait_for, worker
 from tests.integration.sqs_reads import releases
+from tests.integration.test_countdown_delay import send_delays
 from tests.integration.test_large_payloads import LARGE, new_bucket
 from tests.integration.test_large_payloads import options as large_payload_options
 from tests.integration.tracing import spans
@@ -116,8 +117,29 @@ def test_a_body_in_s3_parents_its_task_run(bed: Bed) -> None:
     assert_runs_are_children_of_their_publish(bed, task_ids)
 
 
+def test_a_countdown_delayed_in_sqs_parents_its_task_run(bed: Bed) -> None:
+    options = {"visibility_timeout": LEASE}
+    with worker(bed, "prefork", 1, options=options, IT_TRACE_FILE=worker_spans(bed)):
+        bed.server.reset_calls()
+        task_ids = publish(bed, options, "countdown", 3)
+        delays = send_delays(bed)
+        wait_for_runs(bed, task_ids, runs_each=1)
+
+    actions = [e["action"] for e in bed.server.events() if e["queue"].endswith(bed.queue)]
+    # Sent with DelaySeconds, received once when due: SQS held it, no worker did.
+    # Whole seconds to the ETA, rounded down: 2 once the publish took a moment.
+    assert len(delays) == 1 and 1 <= delays[0] <= 3, delays
+    assert actions.count("receive") == 1, actions
+    assert_runs_are_children_of_their_publish(bed, task_ids)
+
+
 def test_a_parked_countdown_parents_its_task_run(bed: Bed) -> None:
-    options = {"visibility_timeout": LEASE, "eta_parking_threshold": PARKING_THRESHOLD}
+    # Published undelayed, so that a worker receives it and parks it.
+    options = {
+        "visibility_timeout": LEASE,
+        "eta_parking_threshold": PARKING_THRESHOLD,
+        **UNDELAYED,
+    }
     with worker(bed, "prefork", 1, options=options, IT_TRACE_FILE=worker_spans(bed)):
         task_ids = publish(bed, options, "countdown", 3 * PARKING_THRESHOLD)
         wait_for_runs(bed, task_ids, runs_each=1)
@@ -139,6 +161,7 @@ def test_a_countdown_parked_and_copied_parents_its_task_run(short_hold_bed: Bed)
         "visibility_timeout": PARKING_THRESHOLD,
         "visibility_extension_max": HOLD,
         "eta_parking_threshold": PARKING_THRESHOLD,
+        **UNDELAYED,
     }
     with worker(bed, "prefork", 1, options=options, IT_TRACE_FILE=worker_spans(bed)) as process:
         task_ids = publish(bed, options, "countdown", 2 * HOLD + PARKING_THRESHOLD)
