@@ -6,7 +6,7 @@ credentials and remote control exactly as the app's workers do, and pings throug
 same mailbox. A dry run by default: each line says what would go and why.
 
 Output, one line each, tab separated: ``would-delete`` or ``deleted`` (``kept`` with
-``--show-kept``, ``came-back`` if a subscription's queue was made again meanwhile,
+``--show-kept``, ``still-there`` for a subscription whose queue exists after all,
 ``failed`` if a delete was refused), the kind (``event-queue``, ``mailbox``,
 ``reply-queue``, ``subscription``), the queue name or subscription ARN, and why.
 Exit status: 0 if nothing is (left) to reap, 1 if the dry run found something to reap,
@@ -142,7 +142,7 @@ def _report(survey: Survey, verdicts: list[Verdict], delete: bool, show_kept: bo
             if survey.reap(verdict):
                 _line("deleted", verdict)
             else:
-                _line("came-back", verdict, "its queue exists again: kept")
+                _line("still-there", verdict, "its queue exists: kept")
         except Exception as error:
             _line("failed", verdict, f"{verdict.reason}; {error}")
             status = A_DELETE_FAILED

@@ -136,7 +136,7 @@ class Survey:
         ]
 
     def reap(self, verdict: Verdict) -> bool:
-        """Delete the queue, or remove the subscription; False if its queue came back.
+        """Delete the queue, or remove the subscription; False if its queue exists after all.
 
         Queues go first (the verdicts come in that order). The queue of any other
         subscription is looked for once more (SQS may still show one deleted in this

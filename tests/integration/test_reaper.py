@@ -13,10 +13,8 @@ import time
 import uuid
 from typing import Any
 
-import boto3
-
 from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for
-from tests.integration.test_monitoring import LEASE, Process, _answers, task_state
+from tests.integration.test_monitoring import LEASE, Process, _answers, sns, task_state
 from tests.ports import free_port
 
 #: An event unread this long (beyond the monitors' 1 s poll and 1 s interval) is stale.
@@ -52,14 +50,13 @@ def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[tuple[
     return done.returncode, rows  # type: ignore[return-value]
 
 
-def queue_names(bed: Bed, prefix: str) -> set[str]:
-    urls = bed.sqs().list_queues(QueueNamePrefix=prefix).get("QueueUrls", [])
+def queue_names(sqs: Any, prefix: str) -> set[str]:
+    urls = sqs.list_queues(QueueNamePrefix=prefix).get("QueueUrls", [])
     return {url.rsplit("/", 1)[1] for url in urls}
 
 
-def subscriptions(bed: Bed, prefix: str) -> dict[str, str]:
+def subscriptions(sns: Any, prefix: str) -> dict[str, str]:
     """The subscriptions of the prefix's topics: queue name by subscription ARN."""
-    sns = boto3.client("sns", **bed.server.boto3_kwargs)
     return {
         s["SubscriptionArn"]: s["Endpoint"].rsplit(":", 1)[1]
         for s in sns.list_subscriptions()["Subscriptions"]
@@ -67,18 +64,18 @@ def subscriptions(bed: Bed, prefix: str) -> dict[str, str]:
     }
 
 
-def event_queues(bed: Bed, prefix: str) -> set[str]:
-    return {q for q in subscriptions(bed, prefix).values() if q.startswith(f"{prefix}celeryev-")}
+def event_queues(sns: Any, prefix: str) -> set[str]:
+    return {q for q in subscriptions(sns, prefix).values() if q.startswith(f"{prefix}celeryev-")}
 
 
 def start_monitor(
     bed: Bed, options: dict[str, Any], prefix: str, name: str, *args: str
 ) -> tuple[Process, str]:
     """``celery <args>`` started, with the event queue it subscribed."""
-    before = event_queues(bed, prefix)
+    before = event_queues(sns(bed), prefix)
     process = Process(bed, name, *args, options=options, FLOWER_UNAUTHENTICATED_API="true")
-    wait_for(lambda: len(event_queues(bed, prefix) - before) == 1, 60, f"{name}'s event queue")
-    (queue,) = event_queues(bed, prefix) - before
+    wait_for(lambda: len(event_queues(sns(bed), prefix) - before) == 1, 60, f"{name}'s event queue")
+    (queue,) = event_queues(sns(bed), prefix) - before
     return process, queue
 
 
@@ -143,13 +140,13 @@ def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(
             killed.stop(signal.SIGKILL)
         task_queue = f"{prefix}{bed.queue}"
         gone_mailbox = next(
-            q for q in queue_names(bed, prefix) if q.startswith(f"{prefix}gone{prefix[2:8]}_")
+            q for q in queue_names(bed.sqs(), prefix) if q.startswith(f"{prefix}gone{prefix[2:8]}_")
         )
         killed_queues = {killed_dump_queue, killed_flower_queue, gone_mailbox}
         killed_subscriptions = {
-            arn for arn, q in subscriptions(bed, prefix).items() if q in killed_queues
+            arn for arn, q in subscriptions(sns(bed), prefix).items() if q in killed_queues
         }
-        live_queues = queue_names(bed, prefix) - killed_queues
+        live_queues = queue_names(bed.sqs(), prefix) - killed_queues
         # The live worker's heartbeats pile up, unread, in the killed monitors' queues.
         time.sleep(STALE + 4)
 
@@ -162,8 +159,8 @@ def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(
         # The live monitors still receive events: a heartbeat, and the task's success.
         wait_for(lambda: live_dump.output.count("heartbeat") > heartbeats, 30, "a heartbeat")
         wait_for(lambda: task_state(flower_url, task) == "SUCCESS", 30, "the task in Flower")
-        left_queues = queue_names(bed, prefix)
-        left_subscriptions = subscriptions(bed, prefix)
+        left_queues = queue_names(bed.sqs(), prefix)
+        left_subscriptions = subscriptions(sns(bed), prefix)
     finally:
         for process in processes:
             process.stop(signal.SIGINT)
