@@ -20,6 +20,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 
+from ..compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .observations import Observer
 from .survey import Settings, Survey
 from .verdicts import Verdict, check_stale, parse_duration
@@ -104,6 +105,11 @@ def sqs_reap(
 
     Never a task queue, a live worker's mailbox or a reply queue. A dry run unless --delete.
     """
+    if not KOMBU_BROADCASTS_THROUGH_SNS:
+        raise click.UsageError(
+            "sqs-reap needs kombu 5.7 or later: before it, SQS has no SNS fanout, and no "
+            "monitor or mailbox queue is subscribed to anything"
+        )
     app = ctx.obj.app
     with app.connection_for_write() as connection:
         channel = connection.default_channel
