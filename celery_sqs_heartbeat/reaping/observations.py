@@ -17,7 +17,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from celery import Celery
 
-from ..aws.sqs_facts import QUEUE_MISSING_CODES, SQS_MAX_MESSAGES, canonical_code
+from ..aws.sqs_facts import QUEUE_MISSING_CODES, SNS_NOT_FOUND, SQS_MAX_MESSAGES, canonical_code
 
 __all__ = ["Observer", "Queue", "SubscriptionRow"]
 
@@ -69,25 +69,37 @@ class Observer:
             if not token:
                 return
 
-    def attributes(self, queue: Queue) -> tuple[dict[str, str], float]:
-        """The queue's creation time, ARN and redrive policy, and SQS's clock then."""
-        answer = self._sqs.get_queue_attributes(
-            QueueUrl=queue.url, AttributeNames=["CreatedTimestamp", "QueueArn", "RedrivePolicy"]
-        )
+    def attributes(self, queue: Queue) -> tuple[dict[str, str], float] | None:
+        """The queue's creation time and redrive policy, and SQS's clock then; None if gone
+        since the listing (a monitor that stopped meanwhile deleted it)."""
+        try:
+            answer = self._sqs.get_queue_attributes(
+                QueueUrl=queue.url, AttributeNames=["CreatedTimestamp", "RedrivePolicy"]
+            )
+        except ClientError as error:
+            if _is_missing(error):
+                return None
+            raise
         return answer.get("Attributes", {}), _server_time(answer)
 
     def oldest_unread(self, queue: Queue) -> tuple[float | None, float]:
         """The ``SentTimestamp`` of the oldest message seen visible, and SQS's clock then.
 
         Received with a visibility timeout of 0: each stays visible to its consumer.
+        None if no message was seen, or the queue is gone since the listing.
         """
-        answer = self._sqs.receive_message(
-            QueueUrl=queue.url,
-            MaxNumberOfMessages=SQS_MAX_MESSAGES,
-            VisibilityTimeout=0,
-            WaitTimeSeconds=0,
-            AttributeNames=["SentTimestamp"],
-        )
+        try:
+            answer = self._sqs.receive_message(
+                QueueUrl=queue.url,
+                MaxNumberOfMessages=SQS_MAX_MESSAGES,
+                VisibilityTimeout=0,
+                WaitTimeSeconds=0,
+                AttributeNames=["SentTimestamp"],
+            )
+        except ClientError as error:
+            if _is_missing(error):  # gone since the listing: nothing to judge it by
+                return None, time.time()
+            raise
         sent = [int(m["Attributes"]["SentTimestamp"]) / 1000 for m in answer.get("Messages", [])]
         return (min(sent) if sent else None), _server_time(answer)
 
@@ -110,7 +122,7 @@ class Observer:
                     if s.get("Protocol", "").lower() == "sqs"
                 )
         except ClientError as error:
-            if canonical_code(error.response.get("Error", {}).get("Code")) != "NotFound":
+            if _code(error) != SNS_NOT_FOUND:
                 raise
         return rows
 
@@ -119,7 +131,7 @@ class Observer:
         try:
             self._sqs.get_queue_url(QueueName=name)
         except ClientError as error:
-            if canonical_code(error.response.get("Error", {}).get("Code")) in QUEUE_MISSING_CODES:
+            if _is_missing(error):
                 return False
             raise
         return True
@@ -134,10 +146,29 @@ class Observer:
         return {self.sqs_name(f"{node}.{mailbox.namespace}.pidbox") for node in nodes}
 
     def delete_queue(self, queue: Queue) -> None:
-        self._sqs.delete_queue(QueueUrl=queue.url)
+        """Delete the queue; one gone already (its owner left meanwhile) is as good."""
+        try:
+            self._sqs.delete_queue(QueueUrl=queue.url)
+        except ClientError as error:
+            if not _is_missing(error):
+                raise
 
     def unsubscribe(self, arn: str) -> None:
-        self._channel.fanout.get_client().unsubscribe(SubscriptionArn=arn)
+        """Remove the subscription; one gone already is as good."""
+        try:
+            self._channel.fanout.get_client().unsubscribe(SubscriptionArn=arn)
+        except ClientError as error:
+            if _code(error) != SNS_NOT_FOUND:
+                raise
+
+
+def _code(error: ClientError) -> str:
+    return canonical_code(error.response.get("Error", {}).get("Code"))
+
+
+def _is_missing(error: ClientError) -> bool:
+    """Whether SQS answered that the queue does not exist."""
+    return _code(error) in QUEUE_MISSING_CODES
 
 
 def _server_time(answer: dict[str, Any]) -> float:

@@ -67,9 +67,10 @@ class Survey:
         self._subscribed_queue = {row.arn: row.queue for row in subscriptions}
         subscribed = {row.queue for row in subscriptions}
         verdicts = [
-            self._judge_event_queue(q, q.name in subscribed)
+            verdict
             for q in queues
             if is_event_queue(q.short_name)
+            and (verdict := self._judge_event_queue(q, q.name in subscribed)) is not None
         ]
         verdicts += [judge_reply_queue(q.name) for q in queues if is_reply_queue(q.short_name)]
         verdicts += self._judge_mailboxes(
@@ -102,8 +103,12 @@ class Survey:
             if row.queue.startswith(prefix) and named_for_it(row.queue[len(prefix) :])
         ]
 
-    def _judge_event_queue(self, queue: Queue, subscribed: bool) -> Verdict:
-        attributes, observed = self._observer.attributes(queue)
+    def _judge_event_queue(self, queue: Queue, subscribed: bool) -> Verdict | None:
+        """The queue judged; None if it is gone since the listing."""
+        read = self._observer.attributes(queue)
+        if read is None:
+            return None
+        attributes, observed = read
         created = float(attributes.get("CreatedTimestamp", observed))
         redrive = "RedrivePolicy" in attributes
         old_enough = observed - created >= self._settings.older_than
@@ -117,9 +122,11 @@ class Survey:
         settings = self._settings
         facts = []
         for queue in mailboxes:
-            attributes, observed = self._observer.attributes(queue)
-            created = float(attributes.get("CreatedTimestamp", observed))
-            facts.append((queue.name, created, observed))
+            read = self._observer.attributes(queue)
+            if read is not None:
+                attributes, observed = read
+                created = float(attributes.get("CreatedTimestamp", observed))
+                facts.append((queue.name, created, observed))
         answering: set[str] = set()
         if settings.remote_control and facts:
             answering = self._observer.answering_mailboxes(
