@@ -23,7 +23,7 @@ from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 from ..compat import KOMBU_BROADCASTS_THROUGH_SNS
 from .observations import Observer
 from .survey import Settings, Survey
-from .verdicts import Verdict, check_stale, parse_duration
+from .verdicts import MAILBOX, Verdict, check_stale, parse_duration
 
 __all__ = ["sqs_reap"]
 
@@ -129,6 +129,12 @@ def sqs_reap(
         )
         survey = Survey(Observer(app, channel), settings)
         verdicts = survey.verdicts()
+        if not settings.remote_control and any(v.kind == MAILBOX for v in verdicts):
+            click.echo(
+                "Remote control is off (supports_fanout): mailboxes cannot be judged, and are "
+                "left; --show-kept lists them",
+                err=True,
+            )
         ctx.exit(_report(survey, verdicts, delete, show_kept))
 
 

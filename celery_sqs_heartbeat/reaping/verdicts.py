@@ -56,6 +56,10 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "EVENT_QUEUE",
+    "MAILBOX",
+    "REPLY_QUEUE",
+    "SUBSCRIPTION",
     "EventQueueFacts",
     "MailboxFacts",
     "SubscriptionFacts",
