@@ -21,8 +21,12 @@ from tests.ports import free_port
 STALE = 8
 
 
-def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[tuple[str, str, str]]]:
-    """Run ``celery sqs-reap``: its exit status, and (action, kind, name) of each line."""
+Row = tuple[str, str, str]
+
+
+def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[Row], dict[str, str]]:
+    """Run ``celery sqs-reap``: its exit status, (action, kind, name) of each line, and
+    each line's reason by name."""
     done = subprocess.run(
         [
             sys.executable,
@@ -45,9 +49,9 @@ def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[tuple[
         text=True,
         timeout=120,
     )
-    rows = {tuple(line.split("\t")[:3]) for line in done.stdout.splitlines() if "\t" in line}
+    fields = [line.split("\t") for line in done.stdout.splitlines() if "\t" in line]
     assert done.returncode in (0, 1), done.stdout + done.stderr
-    return done.returncode, rows  # type: ignore[return-value]
+    return done.returncode, {(f[0], f[1], f[2]) for f in fields}, {f[2]: f[3] for f in fields}
 
 
 def queue_names(sqs: Any, prefix: str) -> set[str]:
@@ -150,9 +154,12 @@ def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(
         # The live worker's heartbeats pile up, unread, in the killed monitors' queues.
         time.sleep(STALE + 4)
 
-        found_status, found = reap(bed, options)
-        deleted_status, deleted = reap(bed, options, "--delete")
-        again_status, again = reap(bed, options)
+        found_status, found, _ = reap(bed, options)
+        deleted_status, deleted, _ = reap(bed, options, "--delete")
+        again_status, again, _ = reap(bed, options)
+        paused_status, paused, paused_reasons = _reap_while_paused(
+            bed, options, live_dump, live_dump_queue
+        )
 
         heartbeats = live_dump.output.count("heartbeat")
         task, answers = _ping_and_run_a_task(bed, prefix, live)
@@ -178,6 +185,10 @@ def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(
     )
     assert {action for action, _, _ in deleted} == {"deleted"}, deleted
     assert (again_status, again) == (0, set()), again
+    # A monitor stopped for a moment: its events are younger than --stale, it is kept.
+    assert paused_status == 0, paused
+    assert {action for action, _, _ in paused} == {"kept"}, paused
+    assert paused_reasons[live_dump_queue].startswith("its oldest event is "), paused_reasons
     assert left_queues & killed_queues == set(), left_queues
     assert live_queues <= left_queues, live_queues - left_queues
     assert {task_queue, live_dump_queue, live_flower_queue} <= left_queues, left_queues
@@ -197,3 +208,25 @@ def _ping_and_run_a_task(bed: Bed, prefix: str, live: Process) -> tuple[str, lis
         app.connection_for_write() as connection,
     ):
         return task, list(app.control.ping(timeout=5, connection=connection) or [])
+
+
+def _reap_while_paused(
+    bed: Bed, options: dict[str, Any], monitor: Process, queue: str
+) -> tuple[int, set[Row], dict[str, str]]:
+    """A dry run, with ``--show-kept``, while ``monitor`` is stopped (SIGSTOP) and events
+    wait in its queue: seconds old, younger than ``--stale``. It goes on afterwards."""
+    sqs = bed.sqs()
+    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+
+    def waiting() -> int:
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
+    monitor.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: waiting() > 0, 30, "an event waiting in the stopped monitor's queue")
+        return reap(bed, options, "--stale", "60s", "--show-kept")
+    finally:
+        monitor.process.send_signal(signal.SIGCONT)
