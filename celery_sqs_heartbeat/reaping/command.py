@@ -10,7 +10,8 @@ Output, one line each, tab separated: ``would-delete`` or ``deleted`` (``kept`` 
 ``failed`` if a delete was refused), the kind (``event-queue``, ``mailbox``,
 ``reply-queue``, ``subscription``), the queue name or subscription ARN, and why.
 Exit status: 0 if nothing is (left) to reap, 1 if the dry run found something to reap,
-3 if a delete failed; Celery's usage errors are 2.
+3 if a delete failed, 4 if a call needed to judge was refused (nothing is deleted then);
+Celery's usage errors are 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from botocore.exceptions import ClientError
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 
 from ..compat import KOMBU_BROADCASTS_THROUGH_SNS
@@ -29,6 +31,7 @@ __all__ = ["sqs_reap"]
 
 FOUND_SOMETHING = 1
 A_DELETE_FAILED = 3
+SURVEY_REFUSED = 4
 
 
 def _duration(ctx: Any, param: Any, value: str) -> float:
@@ -128,7 +131,11 @@ def sqs_reap(
             app.control.mailbox.exchange.name,
         )
         survey = Survey(Observer(app, channel), settings)
-        verdicts = survey.verdicts()
+        try:
+            verdicts = survey.verdicts()
+        except ClientError as error:
+            click.echo(f"sqs-reap: nothing judged, a call was refused: {error}", err=True)
+            ctx.exit(SURVEY_REFUSED)
         if not settings.remote_control and any(v.kind == MAILBOX for v in verdicts):
             click.echo(
                 "Remote control is off (supports_fanout): mailboxes cannot be judged, and are "
