@@ -23,6 +23,7 @@ __all__ = [
     "QUEUE_MISSING_CODES",
     "RECEIVE_COUNT_ATTRIBUTE",
     "SEND_REFUSED_CODES",
+    "SNS_NOT_FOUND",
     "SQS_BATCH_SIZE",
     "SQS_MAX_BATCH_SEND_SIZE",
     "SQS_MAX_DELAY_SECONDS",
@@ -105,6 +106,10 @@ BEYOND_HOLD_LIMIT_WORDS = "beyond the limit"
 #: (and the JSON protocol's query-compatible header), ``QueueDoesNotExist`` as the JSON
 #: protocol's ``__type`` and boto3's exception name.
 QUEUE_MISSING_CODES = frozenset({"NonExistentQueue", "QueueDoesNotExist"})
+
+#: SNS's answer for a topic or subscription that does not exist (SQS's fanout partner:
+#: ListSubscriptionsByTopic of a topic never made, Unsubscribe of one removed already).
+SNS_NOT_FOUND = "NotFound"
 
 #: CreateQueue's refusal of a name deleted less than ``SQS_QUEUE_NAME_REUSE_SECONDS`` ago.
 QUEUE_DELETED_RECENTLY = "QueueDeletedRecently"

@@ -5,18 +5,26 @@ A worker's mailbox is ``<hostname>.<namespace>.pidbox`` and a client's reply que
 control's queues are treated apart (a reply queue's poll is bounded by its caller's
 timeout, it is kept between calls, a mailbox is polled again at once), and only their
 names tell them apart: kombu declares them like any other queue.
+
+A monitor's event queue (``celery events``, Flower) is told apart here too, since the
+reaper (:mod:`celery_sqs_heartbeat.reaping`) sorts left queues by these names alone:
+Celery's event receiver names it ``celeryev.<uuid4>`` (SQS: ``celeryev-<uuid4>``) unless
+its caller passes a ``node_id``.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["is_mailbox", "is_reply_queue", "reply_queue_of"]
+__all__ = ["is_event_queue", "is_mailbox", "is_reply_queue", "reply_queue_of"]
 
 _REPLY_QUEUE = re.compile(r".+[.-]reply[.-].+[.-]pidbox")
 _PIDBOX_QUEUE = re.compile(r".+[.-]pidbox")
 #: kombu's Mailbox names a remote-control reply queue ``<routing key>.<reply exchange>``.
 _PIDBOX_REPLY_EXCHANGE = re.compile(r"reply\..+\.pidbox")
+_EVENT_QUEUE = re.compile(
+    r"celeryev[.-][0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)
 
 
 def is_reply_queue(queue: str) -> bool:
@@ -27,6 +35,12 @@ def is_reply_queue(queue: str) -> bool:
 def is_mailbox(queue: str) -> bool:
     """Whether ``queue`` is a worker's remote-control mailbox (kombu or SQS name)."""
     return _PIDBOX_QUEUE.fullmatch(queue) is not None and not is_reply_queue(queue)
+
+
+def is_event_queue(queue: str) -> bool:
+    """Whether ``queue`` (its queue name prefix removed) is an event receiver's own queue,
+    named with the fresh UUID Celery gives it (kombu or SQS name)."""
+    return _EVENT_QUEUE.fullmatch(queue) is not None
 
 
 def reply_queue_of(exchange: str | None, routing_key: str | None) -> str | None:

@@ -6,7 +6,7 @@ import pytest
 from kombu import Connection
 from kombu.pidbox import Mailbox
 
-from celery_sqs_heartbeat.monitoring.pidbox_names import is_mailbox, is_reply_queue
+from celery_sqs_heartbeat.monitoring.pidbox_names import is_event_queue, is_mailbox, is_reply_queue
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,21 @@ def test_only_kombus_reply_queues_count_as_reply_queues() -> None:
     assert not is_reply_queue(mailbox)
     assert not is_reply_queue("celeryev.5f0c2a5e")
     assert not is_reply_queue("reply.celery.pidbox")
+
+
+@pytest.mark.parametrize(
+    ("queue", "event_queue"),
+    [
+        ("celeryev.4f1e2d3c-aaaa-4bbb-8ccc-0123456789ab", True),
+        ("celeryev-4f1e2d3c-aaaa-4bbb-8ccc-0123456789ab", True),
+        # An event receiver given its own node id: its name comes back, not single use.
+        ("celeryev.flower-1", False),
+        ("celeryev-4f1e2d3c-aaaa-4bbb-8ccc-0123456789ab-reply-celery-pidbox", False),
+        ("app-celeryev-4f1e2d3c-aaaa-4bbb-8ccc-0123456789ab", False),
+        ("celery", False),
+    ],
+)
+def test_a_monitors_event_queue_is_told_by_the_fresh_uuid_celery_names_it_with(
+    queue: str, event_queue: bool
+) -> None:
+    assert is_event_queue(queue) is event_queue

@@ -1,0 +1,1 @@
+"""Reaping what killed monitors and workers left on SQS and SNS (``celery sqs-reap``)."""
