@@ -118,8 +118,8 @@ class HeartbeatOptions:
     #: SQS, not in the worker; False: every ETA task is held until due, as by Celery.
     eta_parking: bool = True
     eta_parking_threshold: float = DEFAULT_ETA_PARKING_THRESHOLD
-    #: A task published with an ETA less than 15 minutes away (at least a second) is
-    #: sent with ``DelaySeconds`` on a standard queue, so that SQS holds the wait, not a
+    #: A task published with an ETA at least a second away is sent with ``DelaySeconds``
+    #: (up to SQS's 15 minutes) on a standard queue, so that SQS holds the wait, not a
     #: worker (:mod:`celery_sqs_heartbeat.publishing.send_delay`); read where the task
     #: is published. False: sent at once, as by kombu.
     eta_send_delay: bool = True
