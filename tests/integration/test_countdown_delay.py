@@ -15,10 +15,10 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_sqs_heartbeat import publishing_in_batches
 from tests.integration.harness import Bed, needs_sns_fanout, report, wait_for, worker
+from tests.integration.test_batch_publishing import producer
 from tests.integration.test_fifo import fifo_queue
 from tests.integration.test_worker_stops import start
 
@@ -29,18 +29,6 @@ OPTIONS = {"visibility_timeout": LEASE, "ack_batch_interval": 0.2}
 BUSY = "tests.integration.app.busy"
 #: Long enough for a second run of any task to show: a duplicate comes within a lease or two.
 DUPLICATE_GUARD = 3 * LEASE
-
-
-def producer(bed: Bed, **options: Any) -> Celery:
-    """The test's own producer on this transport: the option matters where tasks are sent."""
-    app = Celery("countdown-producer", set_as_current=False)
-    app.conf.update(
-        broker_url=bed.server.broker_url,
-        broker_transport="celery_sqs_heartbeat:Transport",
-        broker_transport_options={"region": "us-east-1", "is_secure": False, **options},
-        task_default_queue=bed.queue,
-    )
-    return app
 
 
 def send_delays(bed: Bed) -> list[int]:
