@@ -32,6 +32,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.integration.harness import (
     REPO,
+    UNDELAYED,
     Bed,
     assert_queue_empty,
     report,
@@ -145,6 +146,8 @@ def test_signed_tasks_run_once_through_s3_a_batch_and_a_park(
         "eta_parking_threshold": THRESHOLD,
         "large_payload_bucket": bucket,
         "large_payload_prefix": "tasks/",
+        # Published undelayed, so that the countdown is received and parked.
+        **UNDELAYED,
     }
     bed.create_queue(visibility_timeout=LEASE)
     with signed_worker(bed, keys, pool, options) as process:
@@ -332,6 +335,8 @@ def test_a_signed_task_in_s3_parked_twice_runs_once_from_a_fresh_copy(
         "visibility_extension_max": HOP,
         "eta_parking_threshold": THRESHOLD,
         "large_payload_bucket": bucket,
+        # Published undelayed, so that the countdown is received and parked.
+        **UNDELAYED,
     }
     bed.create_queue(visibility_timeout=HOP, max_receive_count=2)
     with signed_worker(bed, keys, "solo", options) as process:
