@@ -287,9 +287,14 @@ def wait_out_copies(
     With the queue drained (:func:`no_copy_left`) no copy can be received any more, but
     one received before a lapse's delete may still be running: it ends at the latest a
     task's length after the last receive (of ``bed``'s queue, and of ``queues``' too).
+    Each run comes from a receive of its own, so when there are as many runs as
+    receives, none is still to come, and nothing is waited for.
     """
     received = [t for queue in (bed, *queues) for t in ok_receives(queue)]
-    latest = max(received, default=0.0) + task_seconds + RUN_SLACK
+    done = bed.executions()
+    if len(done) >= len(received):
+        return done
+    latest = max(received) + task_seconds + RUN_SLACK
     return bed.wait_for_executions(runs + 1, timeout=max(0.0, latest - time.time()))
 
 
@@ -535,6 +540,16 @@ def assert_no_visibility_change_after_delete(bed: Bed) -> None:
 #: each (re)connect.
 CONNECTION_LOST = "Connection to broker lost"
 CONNECTED = "Connected to "
+
+
+def reconnected(log: str) -> bool:
+    """Whether the worker logged a lost connection, and a connection after it.
+
+    A scenario waits for it (:func:`settle`) before it stops the worker: the tasks may
+    all have ended before the worker connected again.
+    """
+    lost = log.find(CONNECTION_LOST)
+    return lost != -1 and CONNECTED in log[lost:]
 
 
 def assert_reconnected(log: str) -> None:

@@ -45,7 +45,9 @@ from tests.integration.harness import (
     assert_queue_empty,
     assert_reconnected,
     no_copy_left,
+    reconnected,
     report,
+    settle,
     wait_for,
     wait_out_copies,
 )
@@ -305,6 +307,8 @@ def test_every_task_runs_once(cell: Cell, bed: Bed, request: pytest.FixtureReque
         # No copy can come once the queue is drained; one received before may still run.
         drained = all(no_copy_left(queue)["drained"] for queue in work.beds)
         wait_out_copies(bed, len(sent), LONG, work.beds)
+        if cell.disruption == "reconnect":
+            settle(lambda: reconnected(run.workers["a"].log_path.read_text()))
         alive = {
             name: process.process.poll() is None
             for name, process in run.workers.items()

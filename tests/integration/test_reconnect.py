@@ -24,7 +24,9 @@ from tests.integration.harness import (
     assert_queue_empty,
     assert_reconnected,
     no_copy_left,
+    reconnected,
     records,
+    settle,
     wait_out_copies,
     worker,
 )
@@ -65,6 +67,7 @@ def test_a_reconnect_keeps_running_leases_and_runs_every_prefetched_task_once(
         # No copy can come once the queue is drained; one received before may still run.
         drained = no_copy_left(bed)["drained"]
         wait_out_copies(bed, 4, 4 * LEASE)
+        settle(lambda: reconnected(process.log))
         log = process.log
         assert process.process.poll() is None, log
     assert_reconnected(log)
