@@ -46,7 +46,9 @@ from tests.integration.test_release_on_failure import dead_lettered
 LEASE = 10
 #: A countdown further away than this is parked; the parked task comes back 1 s early.
 THRESHOLD = 2
-COUNTDOWN = 8
+#: Far enough beyond the threshold that the task is still due later when a busy machine's
+#: worker receives it, so it is parked rather than held.
+COUNTDOWN = 20
 #: The longest one receive hides a task (``visibility_extension_max``): a countdown of
 #: several is parked, comes back, and is parked again.
 HOP = 4
@@ -154,14 +156,18 @@ def test_signed_tasks_run_once_through_s3_a_batch_and_a_park(
         [large] = publish(
             bed, keys, options, [{"task": "sized", "args": ["large", "x" * LARGE]}], False
         )
+        # Parked before the batch arrives: a solo worker that received it behind twelve
+        # tasks could find it due and hold it instead.
+        parked_at = datetime.datetime.now(datetime.timezone.utc).timestamp()
+        due_later = {"task": "busy", "args": ["parked", 0], "countdown": COUNTDOWN}
+        [parked] = publish(bed, keys, options, [due_later], False)
+        parking = f"Parking task tests.integration.app.busy[{parked}] in SQS"
+        settle(lambda: parking in process.log, GUARD)
         bed.server.reset_calls()
         batch = publish(
             bed, keys, options, [{"task": "busy", "args": [f"b{n}", 0]} for n in range(12)], True
         )
         batch_calls = bed.server.calls()
-        parked_at = datetime.datetime.now(datetime.timezone.utc).timestamp()
-        due_later = {"task": "busy", "args": ["parked", 0], "countdown": COUNTDOWN}
-        [parked] = publish(bed, keys, options, [due_later], False)
         sent = [large, *batch, parked]
         bed.wait_for_executions(len(sent), timeout=GUARD)
         # Until no copy of any of them can come: the queue holds none, hidden or not.
@@ -176,7 +182,7 @@ def test_signed_tasks_run_once_through_s3_a_batch_and_a_park(
     assert runs == {task_id: 1 for task_id in sent}, log
     assert outcomes[large] == f"ok:{LARGE}", log
     assert batch_calls.get("SendMessageBatch", 0) == 2 and "SendMessage" not in batch_calls
-    assert f"Parking task tests.integration.app.busy[{parked}] in SQS" in log, log
+    assert parking in log, log
     assert start[parked] >= parked_at + COUNTDOWN - EARLY_START, (start[parked], parked_at)
     assert left_in_s3 == []
     assert "SecurityError" not in log and "ContentDisallowed" not in log, log

@@ -109,10 +109,15 @@ class Setup:
         return bed.send(task, *args, credentials=self.ops, transport_options=options)
 
     def send_large(self, bed: Bed, label: str) -> tuple[str, str]:
-        """A task whose body goes through S3, and its object's key."""
-        before = set(self.objects())
+        """A task whose body goes through S3, and its object's key: read from the
+        producer's PutObject, since a quick worker may have deleted the object already."""
+        recorded_before = len(self.recorded())
         task_id = self.send(bed, "sized", label, "x" * LARGE)
-        [key] = set(self.objects()) - before
+        [key] = [
+            call.objects[0]
+            for call in self.recorded()[recorded_before:]
+            if call.action == "s3:PutObject" and call.access_key_id == self.ops[0]
+        ]
         return task_id, key
 
     def objects(self) -> list[str]:
