@@ -93,12 +93,19 @@ class SQSChannel(SQS.Channel):
     """kombu's SQS channel, with the receive paths of kombu 5.6 and later on 5.5 too."""
 
     def _send_long_poll(
-        self, queue_name: str, queue_url: str, connection: Any, count: int, answered: Any
+        self,
+        queue_name: str,
+        queue_url: str,
+        connection: Any,
+        count: int,
+        wait_time_seconds: int,
+        answered: Any,
     ) -> None:
         """The worker's asynchronous ReceiveMessage; the loop gets the answer in ``answered``.
 
         ``answered`` (a promise) is called with SQS's answer, or thrown the error, on the
-        event loop.
+        event loop. ``wait_time_seconds`` 0 asks without waiting (kombu's client sends a
+        0 as it is).
         """
         if KOMBU_RECEIVES_ON_THE_LOOP:
             connection.receive_message(
@@ -106,7 +113,7 @@ class SQSChannel(SQS.Channel):
                 queue_url,
                 number_messages=count,
                 visibility_timeout=self.visibility_timeout,
-                wait_time_seconds=self.wait_time_seconds,
+                wait_time_seconds=wait_time_seconds,
                 callback=answered,
             )
             return
@@ -114,7 +121,7 @@ class SQSChannel(SQS.Channel):
             "QueueUrl": queue_url,
             "MaxNumberOfMessages": count,
             "VisibilityTimeout": self.visibility_timeout,
-            "WaitTimeSeconds": self.wait_time_seconds,
+            "WaitTimeSeconds": wait_time_seconds,
         }
         # What kombu's asynchronous client asks for: ApproximateReceiveCount unless told.
         if connection.fetch_message_attributes:

@@ -19,6 +19,7 @@ from kombu.transport import SQS
 
 from .aws.sqs_facts import SQS_MAX_HOLD_SECONDS
 from .leasing.leases import MARGIN_CEILING, LeasePolicy
+from .receiving.chains import DEFAULT_RECEIVES_IN_FLIGHT, MAX_RECEIVES_IN_FLIGHT
 
 logger = get_logger(__name__)
 
@@ -81,6 +82,7 @@ OPTION_NAMES = (
     "eta_parking",
     "eta_parking_threshold",
     "eta_send_delay",
+    "receives_in_flight",
     # Read by celery_sqs_heartbeat.monitoring.event_fanout.
     "events_through_sns",
 )
@@ -123,6 +125,10 @@ class HeartbeatOptions:
     #: worker (:mod:`celery_sqs_heartbeat.publishing.send_delay`); read where the task
     #: is published. False: sent at once, as by kombu.
     eta_send_delay: bool = True
+    #: The most ReceiveMessage calls a worker keeps in flight on one queue while it has a
+    #: backlog and room for full calls (:mod:`celery_sqs_heartbeat.receiving.chains`);
+    #: 1: one at a time, as kombu does.
+    receives_in_flight: int = DEFAULT_RECEIVES_IN_FLIGHT
 
     @classmethod
     def from_transport_options(cls, options: Mapping[str, Any]) -> HeartbeatOptions:
@@ -145,6 +151,9 @@ class HeartbeatOptions:
             ack_batch_interval=_ack_batch_interval(options, visibility_timeout, extension),
             eta_parking=_boolean(options, "eta_parking", True),
             eta_send_delay=_boolean(options, "eta_send_delay", True),
+            receives_in_flight=_count(
+                options, "receives_in_flight", DEFAULT_RECEIVES_IN_FLIGHT, MAX_RECEIVES_IN_FLIGHT
+            ),
         )
         if not extension:
             return replace(
@@ -261,6 +270,14 @@ def _boolean(options: Mapping[str, Any], name: str, default: bool) -> bool:
     value = _given(options, name, default)
     if not isinstance(value, bool):
         raise InvalidTransportOption(f"{name}={value!r}: must be True or False")
+    return value
+
+
+def _count(options: Mapping[str, Any], name: str, default: int, most: int) -> int:
+    given = _given(options, name, default)
+    value = _numeric(given)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise InvalidTransportOption(f"{name}={given!r}: must be a whole number, 1 to {most}")
     return value
 
 

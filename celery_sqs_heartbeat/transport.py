@@ -189,7 +189,11 @@ class Channel(SQSChannel):
         #: Celery's request for each delivery the channel holds a lease on.
         self.celery_requests = CeleryRequests()
         self.receiver = Receiver(
-            self, connection.clock, super()._schedule_queue, self._polling_interval
+            self,
+            connection.clock,
+            super()._schedule_queue,
+            self._polling_interval,
+            self.options.receives_in_flight,
         )
         self.payload_reader = PayloadReader(
             self,
@@ -366,8 +370,12 @@ class Channel(SQSChannel):
         return self.intake.messages_ready(queue, qname, messages, super()._on_messages_ready)
 
     def _loop1(self, queue: str, messages_fetched: Any = None) -> None:
+        # The receiver decides whether this chain of receives goes on (and whether another
+        # starts beside it); a chain that goes on keeps kombu's pace, or a mailbox's.
         kombu_next_turn = partial(super()._loop1, queue, messages_fetched)
-        self.timely_replies.next_turn(queue, messages_fetched, kombu_next_turn)
+        self.receiver.next_turn(
+            queue, partial(self.timely_replies.next_turn, queue, messages_fetched, kombu_next_turn)
+        )
 
     # --- receiving: the blocking path (gevent, eventlet, plain kombu) ---------------------
 
@@ -378,7 +386,7 @@ class Channel(SQSChannel):
         # then the wait for prefetch room, then kombu's drain.
         kombu_drain = partial(super().drain_events, timeout=timeout, callback=callback, **kwargs)
         return self.timely_replies.drain(
-            timeout, partial(self.receiver.drain_events, timeout, kombu_drain)
+            timeout, partial(self.receiver.blocking.drain_events, timeout, kombu_drain)
         )
 
     def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
@@ -386,20 +394,22 @@ class Channel(SQSChannel):
         # each with the receiver's in-bulk mark (its messages are leased, its no-ack
         # deletes blocking); what nobody took goes back after the last.
         kombu_get_bulk = partial(super()._get_bulk, queue, *args, **kwargs)
-        return self.intake.get_bulk(partial(self.receiver.get_bulk, kombu_get_bulk))
+        return self.intake.get_bulk(partial(self.receiver.blocking.get_bulk, kombu_get_bulk))
 
     def _receive_message(
         self, queue: str, max_number_of_messages: int = 1, wait_time_seconds: int | None = None
     ) -> Any:
-        # A reply queue's wait is bounded by its drain; the receiver's gate and failure
-        # handling go around kombu's call; the intake times the call before it is made
-        # (the leases count from then) and takes every step on what it brings.
+        # A reply queue's wait is bounded by its drain; the receiver makes one call or a
+        # round of them side by side, each with its gate and failure handling around
+        # kombu's call, inside the intake, which times the call before it is made (the
+        # leases count from then) and takes every step on what it brings.
         kwargs = {
             "max_number_of_messages": max_number_of_messages,
             "wait_time_seconds": self.timely_replies.wait_for(queue, wait_time_seconds),
         }
-        receive = partial(self.receiver.receive_message, queue, kwargs, super()._receive_message)
-        return self.intake.receive_message(queue, receive)
+        return self.receiver.blocking.receive_round(
+            queue, kwargs, super()._receive_message, self.intake.receive_message
+        )
 
     def _message_to_python(self, message: dict[str, Any], queue_name: str, q_url: str) -> Any:
         payload = super()._message_to_python(message, queue_name, q_url)
@@ -407,7 +417,7 @@ class Channel(SQSChannel):
 
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
         kombu_delete = partial(super()._delete_message, queue_name, message)
-        self.receiver.delete_message(queue_name, message, kombu_delete)
+        self.receiver.blocking.delete_message(queue_name, message, kombu_delete)
 
     # --- settling -------------------------------------------------------------------------
 

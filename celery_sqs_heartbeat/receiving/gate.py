@@ -16,6 +16,7 @@ The prefetch window, the third thing a turn depends on, is
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -34,26 +35,35 @@ class ReceiveGate:
     def __init__(self, clock: Callable[[], float], backoff: ReceiveBackoff | None = None) -> None:
         self._clock = clock
         self._backoff = backoff if backoff is not None else ReceiveBackoff()
-        #: When each queue's pending long poll was sent, by queue URL.
-        self._polls_pending: dict[str, float] = {}
+        #: The long polls on the wire, by token: their queue's URL, when each was sent and
+        #: how long SQS may hold it. A queue may have several (``receives_in_flight``).
+        self._polls_pending: dict[int, tuple[str, float, int]] = {}
+        self._tokens = itertools.count()
 
     def wait(self, queue_name: str) -> float:
         """Seconds before ``queue_name`` may be asked again; 0: now."""
         return self._backoff.wait(queue_name, self._clock())
 
-    def poll_sent(self, queue_url: str) -> None:
-        self._polls_pending[queue_url] = self._clock()
+    def poll_sent(self, queue_url: str, wait_time_seconds: int) -> int:
+        """A receive goes out on ``queue_url``; the token its answer hands back."""
+        token = next(self._tokens)
+        self._polls_pending[token] = (queue_url, self._clock(), wait_time_seconds)
+        return token
 
-    def poll_answered(self, queue_url: str) -> float | None:
-        """The poll of ``queue_url`` came back: when it was sent (None: not known)."""
-        return self._polls_pending.pop(queue_url, None)
+    def poll_answered(self, token: int) -> float | None:
+        """The poll of ``token`` came back: when it was sent (None: not known)."""
+        pending = self._polls_pending.pop(token, None)
+        return None if pending is None else pending[1]
 
-    def release_delay(self, queue_url: str, wait_time_seconds: int) -> int:
-        """Seconds until this channel's pending long poll on the queue must be over."""
-        sent_at = self._polls_pending.get(queue_url)
-        if sent_at is None:
-            return 0
-        return max(0, math.ceil(sent_at + wait_time_seconds - self._clock()))
+    def release_delay(self, queue_url: str) -> int:
+        """Seconds until every pending poll of this channel's on the queue must be over."""
+        now = self._clock()
+        ends = [
+            sent_at + wait - now
+            for url, sent_at, wait in self._polls_pending.values()
+            if url == queue_url
+        ]
+        return max(0, math.ceil(max(ends, default=0)))
 
     def failed(self, queue_name: str, failure: ReceiveFailure) -> None:
         """Back off; a streak that starts now is logged. The caller stops on fatal ones."""
@@ -64,8 +74,12 @@ class ReceiveGate:
                 failure,
             )
 
-    def succeeded(self, queue_name: str) -> None:
-        recovery = self._backoff.succeeded(queue_name, self._clock())
+    def now(self) -> float:
+        return self._clock()
+
+    def succeeded(self, queue_name: str, sent_at: float | None) -> None:
+        """A receive sent at ``sent_at`` worked: a streak of failures since then is over."""
+        recovery = self._backoff.succeeded(queue_name, self._clock(), sent_at)
         if recovery is not None:
             logger.info(
                 "Receiving from SQS queue %s works again, after %d failed attempt(s) in %.1f s",

@@ -167,7 +167,7 @@ class Intake:
         received = response.get("Messages") or []
         if received:
             channel = self._channel
-            held = self._receiver.in_bulk and queue not in channel._noack_queues
+            held = self._receiver.blocking.in_bulk and queue not in channel._noack_queues
             lease_queue = self.lease_queue(channel._new_queue(queue), queue)
             batch = self._steps.born(received, lease_queue, sent_at, held)
             batch = self._payload_reader.read_bodies_now(

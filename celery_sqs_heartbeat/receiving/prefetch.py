@@ -36,17 +36,18 @@ def full_call_room(prefetch_count: int) -> int:
 class PrefetchRoom:
     """One channel's prefetch window, as the receive loops wait on it.
 
-    ``room`` answers how many more messages the window takes (None: unlimited),
+    ``room`` answers how many more messages the window takes for a queue's next receive
+    (None: unlimited; asked with None, for any queue),
     ``wanted`` how much room is worth a receive from a queue (None: from any queue the
     channel consumes), and ``patience`` how long kombu would have waited
     (``polling_interval``). The asynchronous loop (prefork, threads, solo)
-    *parks* a queue and is told which queues to wake when acks free room; the blocking
-    loop (gevent, eventlet) *waits* in its own greenlet.
+    *parks* a queue's receive chain and is told which to wake when acks free room; the
+    blocking loop (gevent, eventlet) *waits* in its own greenlet.
     """
 
     def __init__(
         self,
-        room: Callable[[], int | None],
+        room: Callable[[str | None], int | None],
         wanted: Callable[[str | None], int],
         patience: Callable[[], float],
         clock: Callable[[], float] = time.monotonic,
@@ -56,47 +57,59 @@ class PrefetchRoom:
         self._patience = patience
         self._clock = clock
         self._changed = threading.Condition()
-        #: Parked queues: the room each waits for, and the token of its park.
-        self._parked: dict[str, tuple[int, int]] = {}
+        #: Parked loops by the token of their park, oldest first: the queue of each and
+        #: the room it waits for. A queue with several receive chains may park several.
+        self._parked: dict[int, tuple[str, int]] = {}
         self._tokens = itertools.count()
         #: Since when the blocking loop has had less room than a receive is worth.
         self._short_since: float | None = None
 
-    def _has(self, slots: int) -> bool:
-        room = self._room()
+    def _has(self, slots: int, queue: str | None = None) -> bool:
+        room = self._room(queue)
         return room is None or room >= slots
 
-    def park(self, queue: str) -> int | None:
-        """Park ``queue``'s loop until a receive is worth it; its token, or None if it is now."""
+    def park(self, queue: str, slots: int | None = None) -> int | None:
+        """Park a loop of ``queue`` until a receive is worth it (``slots`` of room, by
+        default a full call's); the token of its park, or None if it is now."""
         with self._changed:
-            wanted = self._wanted(queue)
-            if self._has(wanted):
+            wanted = self._wanted(queue) if slots is None else slots
+            if self._has(wanted, queue):
                 return None
             token = next(self._tokens)
-            self._parked[queue] = (wanted, token)
+            self._parked[token] = (queue, wanted)
             return token
 
     def settle_for_any_room(self, queue: str, token: int) -> bool:
-        """kombu's wait is over: any room will do. True if ``queue`` may receive now.
+        """kombu's wait is over: any room will do. True if the parked loop may receive now.
 
-        Does nothing for a park that has ended (``token`` is of an older one).
+        Does nothing for a park that has ended (woken already).
         """
         with self._changed:
-            if self._parked.get(queue, (0, None))[1] != token:
+            if token not in self._parked:
                 return False
-            if self._has(1):
-                del self._parked[queue]
+            if self._has(1, queue):
+                del self._parked[token]
                 return True
-            self._parked[queue] = (1, token)
+            self._parked[token] = (queue, 1)
             return False
 
     def freed(self) -> list[str]:
-        """Slots were freed: the parked queues to wake, and blocking waiters are told."""
+        """Slots were freed: the queue of each parked loop to wake, and blocking waiters are told.
+
+        Oldest park first, each woken for room of its own: two loops waiting for a full
+        call each are both woken only by room for two.
+        """
         with self._changed:
             self._changed.notify_all()
-            woken = [queue for queue, (slots, _) in self._parked.items() if self._has(slots)]
-            for queue in woken:
-                del self._parked[queue]
+            rooms: dict[str, int | None] = {}
+            woken = []
+            for token, (queue, slots) in list(self._parked.items()):
+                room = rooms[queue] if queue in rooms else self._room(queue)
+                if room is not None and room < slots:
+                    continue
+                del self._parked[token]
+                woken.append(queue)
+                rooms[queue] = None if room is None else room - slots
             return woken
 
     def forget(self) -> None:

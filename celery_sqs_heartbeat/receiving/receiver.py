@@ -1,49 +1,47 @@
-"""The receive loop of a channel, made to survive SQS and to receive as soon as there is room.
+"""The receive loop of a channel, made to survive SQS, to receive as soon as there is
+room, and to keep several receives in flight on a queue with a backlog.
 
 Where kombu's loop stops for good when a receive raises (kombu 5.7 ends the worker when
 SQS answers with an error), a failed turn here only delays the next one: a failed
-ReceiveMessage is retried with backoff (:mod:`celery_sqs_heartbeat.receiving.retries`), except
+ReceiveMessage is retried with backoff (:mod:`celery_sqs_heartbeat.receiving.failures`), except
 for errors no retry can fix, which stop the worker with the queue and the cause named.
 
 Where kombu looks again only ``polling_interval`` after the prefetch window filled, the
 loop here parks a queue until an ack frees room for a full call
-(:mod:`celery_sqs_heartbeat.receiving.prefetch`), and then receives at once.
+(:mod:`celery_sqs_heartbeat.receiving.prefetch`), and then receives at once. Where kombu
+keeps one receive on the wire per queue, a queue whose answers come back full runs
+several chains of receives side by side (:mod:`celery_sqs_heartbeat.receiving.chains`).
 
 Every receive asks SQS for the channel's ``visibility_timeout`` as its lease, whatever
 the queue's attribute says. Beyond that, this part knows nothing of leases: the
 channel's :class:`~celery_sqs_heartbeat.receiving.intake.Intake` takes a lease for what
 the receives bring. The channel calls in here from its kombu hooks, handing over kombu's
-own step where this part goes around it.
+own step where this part goes around it; the blocking path (gevent, eventlet) is
+:attr:`Receiver.blocking`, sharing the gate, the chains and the prefetch room.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
-from queue import Empty
 from typing import Any, Protocol, cast
 
 from botocore.client import BaseClient
-from celery.exceptions import WorkerShutdown
-from celery.platforms import EX_FAILURE
-from celery.utils.log import get_logger
 from kombu.asynchronous import Hub
 from vine import promise
 
-from ..aws.sqs_facts import is_fifo
 from ..compat import call_soon_waking
-from ..process import this_process
+from .blocking import BlockingReceiver
+from .chains import FAILED, ReceiveChains, receive_size
+from .failures import ReceiveFailures
 from .gate import ReceiveGate
 from .prefetch import PrefetchRoom, full_call_room
 from .redelivery import mark_redelivered
-from .retries import NO_ANSWER, ReceiveFailure, classify_receive_error, ends_worker
+from .retries import NO_ANSWER, classify_receive_error
+from .rounds import asks_without_wait
 
-__all__ = ["FULL_WINDOW_WAIT", "Receiver", "ReceivingPort", "receive_size"]
-
-logger = get_logger(__name__)
-
-#: The longest the blocking receive loop waits in one call for the window to free up.
-FULL_WINDOW_WAIT = 0.1
+__all__ = ["Receiver", "ReceivingPort"]
 
 
 class ReceivingPort(Protocol):
@@ -82,7 +80,13 @@ class ReceivingPort(Protocol):
     def _new_queue(self, queue: str) -> str: ...
 
     def _send_long_poll(
-        self, queue_name: str, queue_url: str, connection: Any, count: int, answered: Any
+        self,
+        queue_name: str,
+        queue_url: str,
+        connection: Any,
+        count: int,
+        wait_time_seconds: int,
+        answered: Any,
     ) -> None: ...
 
 
@@ -100,21 +104,29 @@ class Receiver:
         clock: Callable[[], float],
         kombu_turn: Callable[[str], None],
         polling_interval: Callable[[], float],
+        receives_in_flight: int,
     ) -> None:
         self._channel = channel
         self._kombu_turn = kombu_turn
         self._polling_interval = polling_interval
         self._gate = ReceiveGate(clock)
-        #: While an answer of the event loop's long poll is being handed over: when its
-        #: ReceiveMessage was sent. SQS started the messages' leases at some point since.
-        self.answer_sent_at: float | None = None
-        self._prefetch_room = PrefetchRoom(
+        self.chains = ReceiveChains(
             lambda: channel.qos.can_consume_max_estimate(),
-            self._room_worth_a_receive,
-            polling_interval,
+            self._full_call,
+            lambda: channel.qos.prefetch_count or 0,
+            receives_in_flight,
         )
-        #: Whether the blocking receive path (kombu's ``_get_bulk``) is running.
-        self.in_bulk = False
+        #: While an answer of the event loop's receive is being handed over: that receive.
+        self._answer_in_hand: _Answer | None = None
+        # The room left beside the queue's receives on the wire: they hold theirs until
+        # answered.
+        self._prefetch_room = PrefetchRoom(
+            self._free_room, self._room_worth_a_receive, polling_interval
+        )
+        self._failures = ReceiveFailures(channel, self._gate)
+        self.blocking = BlockingReceiver(
+            channel, self._gate, self.chains, self._prefetch_room, self._failures
+        )
 
     def ask_for_lease(self, client: BaseClient) -> None:
         """Make ``client``'s ReceiveMessage ask for the channel's lease, unless the caller set one.
@@ -130,65 +142,69 @@ class Receiver:
 
     def _ask_for_lease(self, params: dict[str, Any], **_: Any) -> None:
         params.setdefault("VisibilityTimeout", self._channel.visibility_timeout)
+        if asks_without_wait():
+            params["WaitTimeSeconds"] = 0
 
     @staticmethod
     def marked_redelivered(payload: Any, message: dict[str, Any]) -> Any:
         """kombu's decoded message, marked redelivered when SQS delivered it before."""
         return mark_redelivered(payload, message)
 
-    def get_bulk(self, kombu_get_bulk: Callable[[], Any]) -> Any:
-        """The blocking receive path (no event loop: gevent, eventlet, plain kombu)."""
-        self.in_bulk = True
-        try:
-            return kombu_get_bulk()
-        finally:
-            self.in_bulk = False
-
-    def delete_message(
-        self, queue_name: str, message: dict[str, Any], kombu_delete: Callable[[], None]
-    ) -> None:
-        """Delete a no-ack message; blocking unless it came on the event loop.
-
-        A blocking receive may run outside the loop's thread: a task that pings the
-        workers, in a threads pool, on a channel that took the worker's loop when it was
-        made. The loop's HTTP client belongs to the loop's thread (``pycurl.error: cannot
-        add/remove handle - multi_perform() already running`` from any other).
-        """
-        if self._channel.hub is not None and not self.in_bulk:
-            kombu_delete()
-            return
-        self._channel.sqs(queue=queue_name).delete_message(
-            QueueUrl=self._channel._new_queue(queue_name), ReceiptHandle=message["ReceiptHandle"]
-        )
+    @property
+    def answer_sent_at(self) -> float | None:
+        """While an answer of the event loop is handed over: when its ReceiveMessage was
+        sent. SQS started the messages' leases at some point since."""
+        answer = self._answer_in_hand
+        return None if answer is None else answer.sent_at
 
     def schedule_queue(self, queue: str) -> None:
-        """The worker's receive loop, one turn per queue: wait out a failing queue's backoff.
+        """A turn of one of the queue's receive chains: wait out a failing queue's backoff.
 
         kombu's loop stops for good when a receive raises, and kombu 5.7 ends the worker
-        when SQS answers with an error; here a failed turn only delays the next one.
+        when SQS answers with an error; here a failed turn only delays the next one. Of
+        a queue's chains (:mod:`~celery_sqs_heartbeat.receiving.chains`), one waits out
+        a backoff and the others end; each waits for room of its own.
         """
-        if queue in self._channel._active_queues:
-            wait = self._gate.wait(self._channel.canonical_queue_name(queue))
-            if wait > 0:
+        name = self._channel.canonical_queue_name(queue)
+        if queue not in self._channel._active_queues:
+            self.chains.end(name)
+            self._kombu_turn(queue)  # which ends kombu's loop on the queue
+            return
+        self.chains.turn(name)
+        wait = self._gate.wait(name)
+        if wait > 0:
+            if not self.chains.may_end(name):
                 self._event_loop.call_later(wait, self.schedule_queue, queue)
-                return
-            parked = self._prefetch_room.park(queue)
-            if parked is not None:
-                # Woken by prefetch_room_freed; kombu's own wait is the longest it waits.
-                self._event_loop.call_later(
-                    self._polling_interval(), self._settle_for_any_room, queue, parked
-                )
-                return
-        self._receive_now(queue)
+            return
+        if not self._parked(queue):
+            self._receive_now(queue)
+
+    def _parked(self, queue: str, slots: int | None = None) -> bool:
+        """Whether the chain waits for room (a full call's, or ``slots``) instead of receiving.
+
+        Woken by :meth:`prefetch_room_freed`; kombu's own wait is the longest it waits.
+        """
+        parked = self._prefetch_room.park(queue, slots)
+        if parked is None:
+            return False
+        self._event_loop.call_later(
+            self._polling_interval(), self._settle_for_any_room, queue, parked
+        )
+        return True
 
     def _receive_now(self, queue: str) -> None:
-        """kombu's turn: a receive if the window has any room, else kombu's own wait."""
+        """kombu's turn: a receive, unless the receives on the wire hold all the room left.
+
+        An ack woke this chain for room that another chain woken with it may have taken.
+        """
+        if self._parked(queue, 1):
+            return
         try:
             self._kombu_turn(queue)
         except Exception as exc:
             # Before anything was sent: the queue's URL or the client could not be had.
             name = self._channel.canonical_queue_name(queue)
-            self._receive_failed(name, classify_receive_error(exc))
+            self._failures.failed(name, classify_receive_error(exc))
             self._event_loop.call_soon(self.schedule_queue, queue)
 
     def _settle_for_any_room(self, queue: str, parked: int) -> None:
@@ -204,83 +220,95 @@ class Receiver:
         for queue in self._prefetch_room.freed():
             call_soon_waking(self._event_loop, self._receive_now, queue)
 
+    def _free_room(self, queue: str | None) -> int | None:
+        if queue is None:
+            return cast(int | None, self._channel.qos.can_consume_max_estimate())
+        return self.chains.free_room(self._channel.canonical_queue_name(queue))
+
+    def _full_call(self, queue_name: str) -> int:
+        """A full call's room on a queue: FIFO queues receive one at a time."""
+        return receive_size(queue_name, full_call_room(self._channel.qos.prefetch_count))
+
     def _room_worth_a_receive(self, queue: str | None) -> int:
-        """A full call's room, except on FIFO queues, which receive one at a time."""
         channel = self._channel
         names = [queue] if queue is not None else list(channel._active_queues)
-        full = full_call_room(channel.qos.prefetch_count)
         return min(
-            (receive_size(channel.canonical_queue_name(q), full) for q in names), default=full
+            (self._full_call(channel.canonical_queue_name(q)) for q in names),
+            default=full_call_room(channel.qos.prefetch_count),
         )
-
-    def drain_events(self, timeout: float | None, kombu_drain: Callable[[], Any]) -> Any:
-        """The blocking receive loop (gevent, eventlet): wait for room, not a whole second.
-
-        kombu raises Empty when the window is full, and its transport then sleeps
-        ``polling_interval`` whatever the acks do meanwhile. Here the wait ends with the
-        ack that frees the room; but it is short, and ends with ``socket.timeout``
-        (TimeoutError) so the caller's loop runs again: Celery before 5.7 performs a
-        green pool's acks in that loop, between two calls of this method.
-        """
-        if self._channel._consumers:
-            wait = 0.0 if timeout is None else min(timeout, FULL_WINDOW_WAIT)
-            if not self._prefetch_room.wait(wait):
-                if timeout is None:
-                    raise Empty()
-                raise TimeoutError()
-        return kombu_drain()
 
     def get_from_sqs(
         self, queue_name: str, queue_url: str, connection: Any, count: int, callback: Any
     ) -> Any:
-        """Send the asynchronous long poll; whatever comes back keeps the loop going."""
-        self._gate.poll_sent(queue_url)
+        """Send a chain's receive; whatever comes back keeps the loop going.
+
+        Sized to the room the window has beside the receives on the wire, and a long poll
+        only when no other receive of the queue is out.
+        """
+        receive = self.chains.sending(queue_name, receive_size(queue_name, count))
+        wait = int(self._channel.wait_time_seconds) if receive.long_poll else 0
+        token = self._gate.poll_sent(queue_url, wait)
+        sent = _Answer(queue_name, token, receive.size)
         answered = promise(
-            self._on_receive_answer,
-            (queue_name, queue_url, callback),
-            on_error=self._on_receive_error,
+            self._on_receive_answer, (sent, callback), on_error=self._on_receive_error
         )
-        self._channel._send_long_poll(
-            queue_name, queue_url, connection, receive_size(queue_name, count), answered
-        )
+        try:
+            self._channel._send_long_poll(
+                queue_name, queue_url, connection, receive.size, wait, answered
+            )
+        except BaseException:
+            self._gate.poll_answered(token)
+            self.chains.answered(queue_name, receive.size)
+            raise
         return answered
 
-    def _on_receive_answer(
-        self, queue_name: str, queue_url: str, callback: Any, answer: Any
-    ) -> None:
-        sent_at = self._gate.poll_answered(queue_url)
+    def _on_receive_answer(self, sent: _Answer, callback: Any, answer: Any) -> None:
+        sent_at = self._gate.poll_answered(sent.token)
+        self.chains.answered(sent.queue_name, sent.asked)
         if self._channel.closed:
             # Closed while the poll was out (see _next_turn): nobody takes the messages,
             # and SQS shows them again when their visibility timeout ends.
             return
         if isinstance(answer, dict):
-            self._gate.succeeded(queue_name)
+            self._gate.succeeded(sent.queue_name, sent_at)
+            returned = len(answer.get("Messages") or [])
         else:
             # kombu's client turns a 5xx, a timeout or a dropped connection into a list.
-            self._receive_failed(queue_name, NO_ANSWER)
-            answer = {}
+            self._failures.failed(sent.queue_name, NO_ANSWER)
+            answer, returned = {}, FAILED
         # Delivered now, as kombu does: deferred to the next turn of the hub, a threads
         # pool's hub (no file descriptor to wait on) would first sleep up to 0.1 s, on
         # every receive. An error while delivering is kombu's or Celery's, not the
         # receive's: it is raised again from the hub, outside this promise, whose
         # on_error would take it for a failed receive.
-        self.answer_sent_at = sent_at
         try:
-            callback(answer)
+            self._hand_over(sent.answered(sent_at, returned), callback, answer)
         except Exception as exc:
             self._event_loop.call_soon(partial(_raise, exc))
+
+    def _hand_over(self, answer: _Answer, callback: Any, messages: Any) -> None:
+        """kombu's delivery of an answer, which ends in its next turn (:meth:`next_turn`).
+
+        Then the room the receive held and did not fill is free: a chain of the queue
+        parked for it is woken, or it would wait for an ack (kombu's wait is over by now,
+        and the chain waits for any room, which only an ack announces).
+        """
+        self._answer_in_hand = answer
+        try:
+            callback(messages)
         finally:
-            self.answer_sent_at = None
+            self._answer_in_hand = None
+            if answer.returned < answer.asked:
+                self.prefetch_room_freed()
 
-    def _on_receive_error(
-        self, queue_name: str, queue_url: str, callback: Any, error: BaseException
-    ) -> None:
-        self._gate.poll_answered(queue_url)
-        self._receive_failed(queue_name, classify_receive_error(error))
+    def _on_receive_error(self, sent: _Answer, callback: Any, error: BaseException) -> None:
+        self._gate.poll_answered(sent.token)
+        self.chains.answered(sent.queue_name, sent.asked)
+        self._failures.failed(sent.queue_name, classify_receive_error(error))
         # An empty answer lets kombu schedule the next turn, which waits out the backoff.
-        self._event_loop.call_soon(partial(self._next_turn, callback))
+        self._event_loop.call_soon(partial(self._next_turn, sent.answered(None, FAILED), callback))
 
-    def _next_turn(self, callback: Any) -> None:
+    def _next_turn(self, failed: _Answer, callback: Any) -> None:
         """kombu's next turn after a failed receive, unless the channel closed meanwhile.
 
         A client's channel on the worker's loop (a task that pings the workers, in a
@@ -289,55 +317,23 @@ class Receiver:
         ended the worker.
         """
         if not self._channel.closed:
-            callback({})
+            self._hand_over(failed, callback, {})
 
-    def receive_message(
-        self, queue: str, kwargs: dict[str, Any], kombu_receive: Callable[..., Any]
-    ) -> Any:
-        """The blocking receive (gevent, eventlet, plain kombu): failures read as empty."""
-        queue_name = self._channel.canonical_queue_name(queue)
-        if self._gate.wait(queue_name) > 0:
-            raise Empty()
-        if "max_number_of_messages" in kwargs:
-            kwargs["max_number_of_messages"] = receive_size(
-                queue_name, kwargs["max_number_of_messages"]
-            )
-        try:
-            response = kombu_receive(queue, **kwargs)
-        except Exception as exc:
-            self._receive_failed(queue_name, classify_receive_error(exc))
-            raise Empty() from None
-        self._gate.succeeded(queue_name)
-        return response
-
-    def _receive_failed(self, queue_name: str, failure: ReceiveFailure) -> None:
-        this_process().metrics.record_receive_error(failure.code)
-        if failure.fatal and not ends_worker(failure, queue_name):
-            logger.warning(
-                "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "
-                "queues itself, so this channel stops receiving from it and goes on",
-                queue_name,
-                failure,
-            )
-            self._stop_receiving(queue_name)
+    def next_turn(self, queue: str, kombu_next_turn: Callable[[], None]) -> None:
+        """After an answer is delivered (kombu's ``_loop1``): its chain goes on, or ends,
+        and a full answer may start another chain beside it."""
+        answer = self._answer_in_hand
+        if answer is None:
+            # A turn that received nothing (kombu's own, on a full window): kombu's pace.
+            kombu_next_turn()
             return
-        if failure.fatal:
-            logger.critical(
-                "Cannot receive from SQS queue %s (%s): retrying cannot fix this, so the "
-                "worker stops. Check the queue name, the region, the credentials and "
-                "their IAM permissions.",
-                queue_name,
-                failure,
-            )
-            raise WorkerShutdown(EX_FAILURE)
-        self._gate.failed(queue_name, failure)
-
-    def _stop_receiving(self, queue_name: str) -> None:
-        """Cancel the consumers of ``queue_name``: kombu then polls it no more."""
-        channel = self._channel
-        for tag, queue in list(channel._tag_to_queue.items()):
-            if channel.canonical_queue_name(queue) == queue_name:
-                channel.basic_cancel(tag)
+        goes_on, another = self.chains.after_answer(
+            answer.queue_name, answer.asked, answer.returned
+        )
+        if goes_on:
+            kombu_next_turn()
+        if another:
+            self._event_loop.call_soon(self.schedule_queue, queue)
 
     @property
     def _event_loop(self) -> Hub:
@@ -347,21 +343,26 @@ class Receiver:
 
     def shutdown_release_delay(self, queue_url: str) -> int:
         """Seconds a message released at shutdown waits: see :class:`ReceiveGate`."""
-        return self._gate.release_delay(queue_url, int(self._channel.wait_time_seconds))
+        return self._gate.release_delay(queue_url)
 
     def close(self) -> None:
         """Forget the queues parked for prefetch room: none may be woken once closed."""
         self._prefetch_room.forget()
 
 
-def receive_size(queue_name: str, wanted: int) -> int:
-    """How many messages one ReceiveMessage asks for.
+@dataclass(frozen=True)
+class _Answer:
+    """One receive of the event loop, from its send to its next turn."""
 
-    SQS answers with several messages of one FIFO group at once, and Celery would run them
-    side by side in its pool. One at a time, SQS's group lock keeps the order: the next
-    message of a group comes only after the one before it is deleted or released.
-    """
-    return 1 if is_fifo(queue_name) else wanted
+    queue_name: str
+    token: int
+    asked: int
+    sent_at: float | None = None
+    #: Messages SQS returned; :data:`FAILED` for a failed receive.
+    returned: int = 0
+
+    def answered(self, sent_at: float | None, returned: int) -> _Answer:
+        return replace(self, sent_at=sent_at, returned=returned)
 
 
 def _raise(error: BaseException) -> None:

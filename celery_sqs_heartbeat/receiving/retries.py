@@ -165,11 +165,16 @@ class ReceiveBackoff:
         streak.retry_at = now + delay / 2 + self._jitter() * delay / 2
         return first
 
-    def succeeded(self, queue: str, now: float) -> Recovery | None:
-        """Note a receive that worked; the streak it ends, if any."""
-        streak = self._streaks.pop(queue, None)
-        if streak is None:
+    def succeeded(self, queue: str, now: float, sent_at: float | None = None) -> Recovery | None:
+        """Note a receive that worked; the streak it ends, if any.
+
+        A receive sent before the streak began (one of several in flight on the queue)
+        tells nothing of whether SQS works again: it ends no streak.
+        """
+        streak = self._streaks.get(queue)
+        if streak is None or (sent_at is not None and sent_at < streak.started_at):
             return None
+        del self._streaks[queue]
         return Recovery(streak.failures, now - streak.started_at)
 
     def wait(self, queue: str, now: float) -> float:

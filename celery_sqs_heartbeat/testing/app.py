@@ -93,6 +93,8 @@ class StrictApp:
                     asked=call.asked,
                     returned=returned,
                     delays=list(call.delays) if call.delays is not None else None,
+                    queue=call.queue,
+                    wait=call.wait,
                 ),
                 generation,
             )

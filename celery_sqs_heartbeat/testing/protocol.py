@@ -38,6 +38,10 @@ class SQSCall(NamedTuple):
     s3: bool = False
     #: A send's ``DelaySeconds``, one per message in entry order (0 where none was given).
     delays: tuple[int, ...] | None = None
+    #: The queue's name, from the call's ``QueueUrl`` ("" for a call that names none).
+    queue: str = ""
+    #: A ReceiveMessage's ``WaitTimeSeconds`` (None: not given, the queue's own applies).
+    wait: int | None = None
 
 
 class ErrorReply(NamedTuple):
@@ -132,6 +136,8 @@ def identify_call(environ: WSGIEnvironment) -> SQSCall | None:
             True,
             _asked(action, payload.get("MaxNumberOfMessages")),
             delays=_json_delays(action, payload),
+            queue=_queue_name(payload.get("QueueUrl")),
+            wait=_waited(action, payload.get("WaitTimeSeconds")),
         )
     form = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
     if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
@@ -142,7 +148,15 @@ def identify_call(environ: WSGIEnvironment) -> SQSCall | None:
     entry_numbers = {m.group(1) for key in form if (m := _QUERY_ENTRY_ID_KEY.fullmatch(key))}
     asked = form.get("MaxNumberOfMessages", [None])[0]
     delays = _query_delays(action, form, entry_numbers)
-    return SQSCall(action, len(entry_numbers), False, _asked(action, asked), delays=delays)
+    return SQSCall(
+        action,
+        len(entry_numbers),
+        False,
+        _asked(action, asked),
+        delays=delays,
+        queue=_queue_name(form.get("QueueUrl", [None])[0]),
+        wait=_waited(action, form.get("WaitTimeSeconds", [None])[0]),
+    )
 
 
 def _json_delays(action: str, payload: dict[str, Any]) -> tuple[int, ...] | None:
@@ -183,6 +197,19 @@ def _asked(action: str, given: Any) -> int | None:
         return int(given) if given is not None else 1
     except (TypeError, ValueError):
         return None
+
+
+def _waited(action: str, given: Any) -> int | None:
+    if action != "ReceiveMessage" or given is None:
+        return None
+    try:
+        return int(given)
+    except (TypeError, ValueError):
+        return None
+
+
+def _queue_name(url: Any) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1] if isinstance(url, str) else ""
 
 
 def returned_messages(body: bytes) -> int:

@@ -48,6 +48,10 @@ class Call(TypedDict):
     returned: int | None
     #: A SendMessage's or SendMessageBatch's ``DelaySeconds`` per message (0: none given).
     delays: list[int] | None
+    #: The queue the call names by its URL ("" for none).
+    queue: str
+    #: A ReceiveMessage's ``WaitTimeSeconds``; None when not given (or another action).
+    wait: int | None
 
 
 class Refusal(TypedDict):

@@ -34,6 +34,7 @@ from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.payloads import reader as payload_reader
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.process import ProcessState, this_process
+from celery_sqs_heartbeat.receiving.receiver import Receiver
 from celery_sqs_heartbeat.transport import Channel
 from tests.unit.conftest import Consumer, FakeClock, Settle
 
@@ -639,7 +640,8 @@ def test_a_late_answers_lease_released_by_a_close_during_its_confirmation_stays_
     hub = Hub()
     channel.hub = hub
     clock.advance(100)
-    channel.receiver.answer_sent_at = clock.now - 25  # read 25 s after the receive was sent
+    # Read 25 s after the receive was sent.
+    monkeypatch.setattr(Receiver, "answer_sent_at", clock.now - 25)
 
     receive(channel, sqs_message(channel, "late"))
     assert on_the_wire.wait(10)

@@ -550,6 +550,26 @@ def test_a_parking_threshold_of_half_the_extension_max_is_kept() -> None:
     assert options.eta_parking_threshold == 300
 
 
+# --- receives_in_flight -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"), [({}, 4), ({"receives_in_flight": 1}, 1), ({"receives_in_flight": "10"}, 10)]
+)
+def test_receives_in_flight_defaults_to_four_and_reads_text(
+    given: dict[str, Any], kept: int
+) -> None:
+    assert parse(**given).receives_in_flight == kept
+
+
+@pytest.mark.parametrize("bad", [0, 11, 2.5, True, "many"])
+def test_a_bad_receives_in_flight_is_refused_naming_it_and_the_range(bad: Any) -> None:
+    with pytest.raises(InvalidTransportOption) as raised:
+        parse(receives_in_flight=bad)
+    assert f"receives_in_flight={bad!r}" in str(raised.value)
+    assert "1 to 10" in str(raised.value)
+
+
 # --- visibility_extension: False ----------------------------------------------------------
 
 

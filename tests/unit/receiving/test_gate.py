@@ -36,7 +36,7 @@ def test_a_failing_queue_waits_longer_each_time_and_logs_its_streak_twice(
     assert gate.wait("jobs") == 2.0
     assert gate.wait("other") == 0
     clock.advance(2.0)
-    gate.succeeded("jobs")
+    gate.succeeded("jobs", clock.now)
 
     assert gate.wait("jobs") == 0
     (warning, recovered) = messages(caplog)
@@ -50,19 +50,38 @@ def test_a_failing_queue_waits_longer_each_time_and_logs_its_streak_twice(
 def test_a_release_at_shutdown_waits_for_the_channel_s_pending_long_poll(
     gate: ReceiveGate, clock: FakeClock
 ) -> None:
-    gate.poll_sent("https://sqs/jobs")
+    token = gate.poll_sent("https://sqs/jobs", 10)
     clock.advance(7.5)
 
-    assert gate.release_delay("https://sqs/jobs", wait_time_seconds=10) == 3
-    assert gate.release_delay("https://sqs/other", wait_time_seconds=10) == 0
-    gate.poll_answered("https://sqs/jobs")
-    assert gate.release_delay("https://sqs/jobs", wait_time_seconds=10) == 0
+    assert gate.release_delay("https://sqs/jobs") == 3
+    assert gate.release_delay("https://sqs/other") == 0
+    assert gate.poll_answered(token) == clock.now - 7.5
+    assert gate.release_delay("https://sqs/jobs") == 0
 
 
 def test_a_poll_older_than_its_wait_time_holds_nothing_back(
     gate: ReceiveGate, clock: FakeClock
 ) -> None:
-    gate.poll_sent("https://sqs/jobs")
+    gate.poll_sent("https://sqs/jobs", 10)
     clock.advance(30)
 
-    assert gate.release_delay("https://sqs/jobs", wait_time_seconds=10) == 0
+    assert gate.release_delay("https://sqs/jobs") == 0
+
+
+def test_several_polls_of_a_queue_each_count_until_answered(
+    gate: ReceiveGate, clock: FakeClock
+) -> None:
+    """A queue with receives side by side: the release waits for the longest still out,
+    and a poll that asked SQS not to wait holds nothing back."""
+    long_poll = gate.poll_sent("https://sqs/jobs", 10)
+    clock.advance(2)
+    short = gate.poll_sent("https://sqs/jobs", 0)
+    later_long_poll = gate.poll_sent("https://sqs/jobs", 10)
+
+    assert gate.release_delay("https://sqs/jobs") == 10
+    gate.poll_answered(later_long_poll)
+    assert gate.release_delay("https://sqs/jobs") == 8
+    gate.poll_answered(long_poll)
+    assert gate.release_delay("https://sqs/jobs") == 0
+    assert gate.poll_answered(short) == clock.now
+    assert gate.poll_answered(short) is None

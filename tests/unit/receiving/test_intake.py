@@ -57,8 +57,12 @@ class Manager:
         self.released.append((list(leases), reason))
 
 
-class Receiver:
+class Blocking:
     in_bulk = True
+
+
+class Receiver:
+    blocking = Blocking()
     answer_sent_at = None
 
 

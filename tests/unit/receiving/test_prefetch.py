@@ -16,7 +16,7 @@ class Window:
         self.size = size
         self.held = held
 
-    def room(self) -> int:
+    def room(self, queue: str | None = None) -> int:
         return self.size - self.held
 
 
@@ -111,8 +111,24 @@ def test_a_closing_channel_wakes_nothing() -> None:
     assert room.freed() == []
 
 
+def test_two_chains_parked_on_a_queue_wake_only_with_room_for_both() -> None:
+    """Receive chains side by side: the room of one full call wakes one of them, the
+    oldest; another queue's room is its own."""
+    window = Window(40, held=40)
+    room = room_for(window)
+    first, second = room.park("q"), room.park("q")
+    assert first is not None and second is not None
+    window.held = 30  # one full call's room
+
+    assert room.freed() == ["q"]
+    assert room.settle_for_any_room("q", first) is False, "woken already"
+    window.held = 20
+    assert room.freed() == ["q"]
+    assert room.freed() == []
+
+
 def test_an_unlimited_window_never_parks() -> None:
-    room = PrefetchRoom(lambda: None, lambda _: 10, lambda: 1.0)
+    room = PrefetchRoom(lambda queue: None, lambda _: 10, lambda: 1.0)
     assert room.park("q") is None
     assert room.wait(0) is True
 

@@ -144,6 +144,18 @@ def test_success_ends_the_streak_and_says_how_long_it_lasted() -> None:
     assert backoff.succeeded("jobs", now=14.0) is None
 
 
+def test_a_receive_sent_before_the_streak_began_does_not_end_it() -> None:
+    """Several receives in flight on a queue: one sent before another failed comes back
+    fine, which says nothing of SQS working again."""
+    backoff = ReceiveBackoff(base=1.0, jitter=lambda: 1.0)
+    backoff.failed("jobs", now=10.0)
+
+    assert backoff.succeeded("jobs", now=10.1, sent_at=9.99) is None
+    assert backoff.wait("jobs", now=10.1) == pytest.approx(0.9)
+    recovery = backoff.succeeded("jobs", now=11.5, sent_at=11.0)
+    assert recovery is not None and recovery.failures == 1
+
+
 def test_a_new_streak_starts_from_the_base_delay_again() -> None:
     backoff = ReceiveBackoff(base=0.25, cap=2.0, jitter=lambda: 1.0)
     for _ in range(5):
