@@ -8,17 +8,16 @@ refused), then with both documents.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
-from tests.integration.harness import REPO, Bed, create_queue, needs_sns_fanout, wait_for
+from tests.integration.harness import Bed, create_queue, needs_sns_fanout, wait_for
 from tests.integration.iam import Iam, Keys, allow, client, published_policy, recorded
 from tests.integration.test_iam_policy import worker_env
-from tests.integration.test_monitoring import CELERY, OPTIONS, Process, monitored_worker
+from tests.integration.test_monitoring import OPTIONS, Process, monitored_worker, run_celery
 from tests.integration.test_reaper import STALE, event_queues, queue_names, subscriptions
 
 IAM_RECORDING = True
@@ -69,13 +68,17 @@ def iam_setup(iam: Iam) -> Enforced:
 
 def reap(bed: Bed, enforced: Enforced, keys: Keys, *args: str) -> tuple[int, set[str], str]:
     """``celery sqs-reap`` with ``keys``: its status, its ``action kind name`` lines, output."""
-    done = subprocess.run(
-        [*CELERY, "sqs-reap", "--older-than", "0s", "--stale", f"{STALE}s", *args],
-        cwd=REPO,
-        env=bed.env(options=OPTIONS, **worker_env(enforced, keys)),
-        capture_output=True,
-        text=True,
+    done = run_celery(
+        bed,
+        "sqs-reap",
+        "--older-than",
+        "0s",
+        "--stale",
+        f"{STALE}s",
+        *args,
+        options=OPTIONS,
         timeout=120,
+        **worker_env(enforced, keys),
     )
     lines = {" ".join(line.split("\t")[:3]) for line in done.stdout.splitlines() if "\t" in line}
     return done.returncode, lines, done.stdout + done.stderr

@@ -62,6 +62,20 @@ class Process:
             self._out.close()
 
 
+def run_celery(
+    bed: Bed, *args: str, options: dict[str, Any], timeout: float, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """A ``celery`` command of the test app run to its end, as an operator runs it."""
+    return subprocess.run(
+        [*CELERY, *args],
+        cwd=REPO,
+        env=bed.env(options=options, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @contextmanager
 def monitored_worker(
     bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
@@ -196,24 +210,7 @@ def test_monitors_leave_nothing_and_a_stopped_worker_only_its_subscribed_mailbox
     with monitored_worker(bed, name):
         with events_dump(bed):
             _, subscriptions_during = queues_and_subscriptions(bed)
-        ping = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.integration.app",
-                "inspect",
-                "ping",
-                "--timeout",
-                "5",
-            ],
-            cwd=REPO,
-            env=bed.env(options=OPTIONS),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        ping = run_celery(bed, "inspect", "ping", "--timeout", "5", options=OPTIONS, timeout=60)
         assert f"{name}@" in ping.stdout, ping.stdout + ping.stderr
     queues_after, subscriptions_after = queues_and_subscriptions(bed)
 

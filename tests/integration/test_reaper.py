@@ -7,14 +7,19 @@ SNS topics are apart from other tests' leftovers on the shared server.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any
 
-from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for
-from tests.integration.test_monitoring import LEASE, Process, _answers, sns, task_state
+from tests.integration.harness import Bed, needs_sns_fanout, wait_for
+from tests.integration.test_monitoring import (
+    LEASE,
+    Process,
+    _answers,
+    run_celery,
+    sns,
+    task_state,
+)
 from tests.ports import free_port
 
 #: An event unread this long (beyond the monitors' 1 s poll and 1 s interval) is stale.
@@ -27,26 +32,17 @@ Row = tuple[str, str, str]
 def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[Row], dict[str, str]]:
     """Run ``celery sqs-reap``: its exit status, (action, kind, name) of each line, and
     each line's reason by name."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.app",
-            "sqs-reap",
-            "--older-than",
-            "0s",
-            "--stale",
-            f"{STALE}s",
-            "--ping-timeout",
-            "1",
-            *args,
-        ],
-        cwd=REPO,
-        env=bed.env(options=options),
-        capture_output=True,
-        text=True,
+    done = run_celery(
+        bed,
+        "sqs-reap",
+        "--older-than",
+        "0s",
+        "--stale",
+        f"{STALE}s",
+        "--ping-timeout",
+        "1",
+        *args,
+        options=options,
         timeout=120,
     )
     fields = [line.split("\t") for line in done.stdout.splitlines() if "\t" in line]
