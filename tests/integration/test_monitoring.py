@@ -76,23 +76,14 @@ def run_celery(
     )
 
 
-@contextmanager
-def monitored_worker(
-    bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
-) -> Iterator[Process]:
-    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs.
-
-    ``env``: more environment, such as the AWS keys of an IAM user.
-    """
+def start_worker(bed: Bed, name: str, *args: str, options: dict[str, Any], **env: str) -> Process:
+    """``celery worker`` of the test app as node ``name`` (its log ``<name>.log``), with
+    ``args`` such as its pool, once it is ready (killed if it never is)."""
     worker = Process(
         bed,
-        "worker-monitored",
+        name,
         "worker",
-        "-E",
-        "-P",
-        "prefork",
-        "-c",
-        "1",
+        *args,
         "-n",
         f"{name}@%h",
         "-l",
@@ -103,7 +94,23 @@ def monitored_worker(
         **env,
     )
     try:
-        wait_for(lambda: "ready." in worker.output, 30, "the worker to be ready")
+        wait_for(lambda: "ready." in worker.output, 60, f"{name} to be ready")
+    except BaseException:
+        worker.stop(signal.SIGKILL)
+        raise
+    return worker
+
+
+@contextmanager
+def monitored_worker(
+    bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
+) -> Iterator[Process]:
+    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs.
+
+    ``env``: more environment, such as the AWS keys of an IAM user.
+    """
+    worker = start_worker(bed, name, "-E", "-P", "prefork", "-c", "1", options=options, **env)
+    try:
         yield worker
     finally:
         assert worker.stop() == 0, worker.output
