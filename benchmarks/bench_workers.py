@@ -193,23 +193,31 @@ class Bench:
     def _worker_env(
         self, transport: str, options: dict[str, Any], queue: str, records: Path
     ) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            BENCH_BROKER_URL=self.server.broker_url,
-            BENCH_TRANSPORT=transport,
-            BENCH_TRANSPORT_OPTIONS=json.dumps(options),
-            BENCH_QUEUE=queue,
-            BENCH_RECORD_FILE=str(records),
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
-            ),
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-            NO_PROXY="127.0.0.1,localhost",
-            no_proxy="127.0.0.1,localhost",
-        )
-        return env
+        return worker_env(self.server.broker_url, transport, options, queue, records)
+
+
+def worker_env(
+    broker_url: str, transport: str, options: Mapping[str, Any], queue: str, records: Path
+) -> dict[str, str]:
+    """What ``bench_app`` reads to serve ``queue`` (each run recorded to ``records``), with
+    this folder and this copy of the package importable, and the test server's credentials."""
+    env = dict(os.environ)
+    env.update(
+        BENCH_BROKER_URL=broker_url,
+        BENCH_TRANSPORT=transport,
+        BENCH_TRANSPORT_OPTIONS=json.dumps(options),
+        BENCH_QUEUE=queue,
+        BENCH_RECORD_FILE=str(records),
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
+        ),
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
+    return env
 
 
 def measure_cells(

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
 import re
 import sys
@@ -49,7 +48,7 @@ from typing import Any
 
 from bench_report import environment
 from bench_runs import TRANSPORTS, Setup, Side
-from bench_workers import BENCH_DIR, REPO, _worker
+from bench_workers import _worker, worker_env
 from celery import Celery
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
@@ -176,35 +175,18 @@ def publish(server: StrictSQSServer, side: Side, queue: str, waits: Sequence[flo
     return etas
 
 
-def worker_env(server: StrictSQSServer, side: Side, queue: str, records: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        BENCH_BROKER_URL=server.broker_url,
-        BENCH_TRANSPORT=side.transport,
-        BENCH_TRANSPORT_OPTIONS=json.dumps({**OPTIONS, **side.options}),
-        BENCH_QUEUE=queue,
-        BENCH_RECORD_FILE=str(records),
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
-        ),
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        NO_PROXY="127.0.0.1,localhost",
-        no_proxy="127.0.0.1,localhost",
-    )
-    return env
-
-
 def run_side(side: Side, waits: Sequence[float], workdir: Path) -> Result:
     """One side's whole run: server, worker, publish, wait for every task, counts."""
     result = Result(side.label)
     queue = f"countdowns-{side.label}"
     records = workdir / f"{queue}.jsonl"
     log = workdir / f"{queue}.log"
+    options = {**OPTIONS, **side.options}
     with (
         StrictSQSServer() as server,
-        _worker(worker_env(server, side, queue, records), SETUP, log) as w,
+        _worker(
+            worker_env(server.broker_url, side.transport, options, queue, records), SETUP, log
+        ) as w,
     ):
         w.wait_ready(120)
         sampler = MemorySampler(w.process.pid)

@@ -41,57 +41,42 @@ def _duration(ctx: Any, param: Any, value: str) -> float:
         raise click.BadParameter(str(error)) from error
 
 
+def _option(name: str, **attributes: Any) -> Any:
+    """One of the command's options: ``celery sqs-reap --help`` lists them in a group."""
+    return click.option(name, cls=CeleryOption, help_group="Reaping Options", **attributes)
+
+
 @click.command(cls=CeleryCommand, name="sqs-reap")
-@click.option(
-    "--delete",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Reaping Options",
-    help="Delete what the dry run lists (default: only list it).",
-)
-@click.option(
+@_option("--delete", is_flag=True, help="Delete what the dry run lists (default: only list it).")
+@_option(
     "--older-than",
-    cls=CeleryOption,
     default="1h",
     callback=_duration,
-    help_group="Reaping Options",
     show_default=True,
     help="Leave queues created less than this long ago (90s, 30m, 1h, 2d).",
 )
-@click.option(
+@_option(
     "--stale",
-    cls=CeleryOption,
     default="30s",
     callback=_duration,
-    help_group="Reaping Options",
     show_default=True,
     help="An event unread this long shows no monitor reads its queue.",
 )
-@click.option(
+@_option(
     "--ping-tries",
-    cls=CeleryOption,
     default=3,
     type=click.IntRange(1),
-    help_group="Reaping Options",
     show_default=True,
     help="Pings a worker may miss before its mailbox is judged gone.",
 )
-@click.option(
+@_option(
     "--ping-timeout",
-    cls=CeleryOption,
     default=2.0,
     type=click.FloatRange(0.5),
-    help_group="Reaping Options",
     show_default=True,
     help="Seconds each ping waits for answers.",
 )
-@click.option(
-    "--show-kept",
-    cls=CeleryOption,
-    is_flag=True,
-    help_group="Reaping Options",
-    help="Also list what is kept, and why.",
-)
+@_option("--show-kept", is_flag=True, help="Also list what is kept, and why.")
 @click.pass_context
 @handle_preload_options
 def sqs_reap(

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,40 +15,29 @@ import boto3
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "worker_throughput.py"
+from tests.benchmarks.scripts import BENCHMARKS, run_benchmark
 
 
 def _runner_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The benchmarks are scripts, not a package: their modules import each other from
     their own folder, as they do when the script runs."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     return importlib.import_module("bench_workers")
 
 
 def _smoke_report(tmp_path: Path, *scenario: str) -> tuple[str, str]:
     """Run the script at smoke size; its markdown report and what it printed."""
     report = tmp_path / "report.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            *scenario,
-            "--smoke",
-            "--markdown",
-            str(report),
-            "--workdir",
-            str(tmp_path / "work"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    printed = run_benchmark(
+        "worker_throughput.py",
+        *scenario,
+        "--smoke",
+        "--markdown",
+        str(report),
+        "--workdir",
+        str(tmp_path / "work"),
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    return report.read_text(), done.stdout
+    return report.read_text(), printed
 
 
 @pytest.mark.integration

@@ -6,24 +6,13 @@ that parking costs fewer requests than holding are checked.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import run_benchmark
 
 
 def test_smoke_run_reports_held_and_parked_for_each_countdown() -> None:
-    process = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "parking_requests.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    printed = run_benchmark("parking_requests.py", "--smoke")
 
-    assert process.returncode == 0, process.stderr
-    rows = [line.split(" | ") for line in process.stdout.splitlines() if line.startswith("| 1")]
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| 1")]
     assert [(row[0], row[1]) for row in rows] == [
         (f"| {wait}", strategy)
         for wait in ("1 h", "13 h")
@@ -31,4 +20,4 @@ def test_smoke_run_reports_held_and_parked_for_each_countdown() -> None:
     ]
     held, parked = (float(row[7].split()[0].replace(",", "")) for row in rows[3:5])
     assert parked < held
-    assert "Command: `python benchmarks/parking_requests.py --smoke`" in process.stdout
+    assert "Command: `python benchmarks/parking_requests.py --smoke`" in printed

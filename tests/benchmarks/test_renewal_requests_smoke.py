@@ -7,34 +7,19 @@ shape are checked.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import run_benchmark
 
 
 def test_smoke_run_reports_every_strategy_per_load_queue_count_and_latency(
     tmp_path: Path,
 ) -> None:
     report = tmp_path / "renewals.md"
-    process = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "renewal_requests.py"),
-            "--smoke",
-            "--markdown",
-            str(report),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    printed = run_benchmark("renewal_requests.py", "--smoke", "--markdown", str(report))
 
-    assert process.returncode == 0, process.stderr
-    assert report.read_text().strip() == process.stdout.strip()
-    rows = [line.split(" | ") for line in process.stdout.splitlines() if line.startswith("| 1")]
+    assert report.read_text().strip() == printed.strip()
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| 1")]
     cells = {(row[0], row[1], row[2]) for row in rows}
     assert cells == {
         (f"| {n}", queues, latency)
@@ -45,5 +30,5 @@ def test_smoke_run_reports_every_strategy_per_load_queue_count_and_latency(
     for cell in cells:
         strategies = [row[3] for row in rows if (row[0], row[1], row[2]) == cell]
         assert strategies[:3] == ["floor", "ours (defaults)", ".NET rule"]
-    assert "Command: `python benchmarks/renewal_requests.py --smoke" in process.stdout
-    assert "Machine: " in process.stdout
+    assert "Command: `python benchmarks/renewal_requests.py --smoke" in printed
+    assert "Machine: " in printed

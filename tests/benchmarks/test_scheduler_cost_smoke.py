@@ -7,11 +7,8 @@ Nothing here is timed: the figures depend on the machine.
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.benchmarks.scripts import REPO, run_benchmark
 
 BASELINE = "c1da785"
 
@@ -25,22 +22,7 @@ def _has_baseline() -> bool:
 
 def test_smoke_run_compares_the_heap_with_the_scanning_book() -> None:
     baseline = BASELINE if _has_baseline() else "none"
-    process = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "scheduler_cost.py"),
-            "--smoke",
-            "--baseline",
-            baseline,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-    assert process.returncode == 0, process.stderr
-    table = process.stdout.splitlines()
+    table = run_benchmark("scheduler_cost.py", "--smoke", "--baseline", baseline).splitlines()
     assert "heap (this tree)" in table[0]
     assert (f"before ({BASELINE})" in table[0]) == (baseline != "none")
     for size in ("1,000", "2,000"):

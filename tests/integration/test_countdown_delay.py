@@ -12,6 +12,7 @@ event log and the tasks' own records. Counts only: how late a task ran is not as
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -102,46 +103,37 @@ def test_a_countdown_is_delayed_in_sqs_and_received_once_when_due_in_or_out_of_a
     assert not_held(renewals, receives), (renewals, receives)
 
 
-def test_a_fifo_queues_countdown_is_sent_without_a_delay_and_runs_once(
-    bed: Bed, caplog: pytest.LogCaptureFixture
+#: The two ways a countdown goes out undelayed: the queue and the producer's options.
+UNDELAYED: dict[str, tuple[Callable[[Bed, int], object], dict[str, Any]]] = {
+    # A FIFO queue takes no per-message delay.
+    "fifo": (fifo_queue, {}),
+    "opted-out": (Bed.create_queue, {"eta_send_delay": False}),
+}
+
+
+@pytest.mark.parametrize("label", UNDELAYED)
+def test_a_countdown_sent_without_a_delay_is_held_by_the_worker_and_runs_once(
+    bed: Bed, caplog: pytest.LogCaptureFixture, label: str
 ) -> None:
-    """A FIFO queue takes no per-message delay: its task is held by the worker, as before,
-    and kombu 5.7 has no delay to warn about."""
-    fifo_queue(bed, LEASE)
-    app = producer(bed)
+    """Sent at once, as before issue 35, the task is held by the worker until due; there is
+    no delay to warn about (kombu 5.7 warns of one a FIFO queue cannot take)."""
+    create_queue, options = UNDELAYED[label]
+    create_queue(bed, LEASE)
+    app = producer(bed, **options)
     with worker(bed, "threads", 2, options=OPTIONS) as process:
         bed.server.reset_calls()
         with caplog.at_level(logging.WARNING):
-            sent = app.send_task(BUSY, args=("fifo", 0.1), countdown=COUNTDOWN)
+            sent = app.send_task(BUSY, args=(label, 0.1), countdown=COUNTDOWN)
         delays = send_delays(bed)
         bed.wait_for_executions(1, timeout=COUNTDOWN + 30)
         bed.wait_for_executions(2, timeout=DUPLICATE_GUARD)
         log = process.log
     app.close()
-    report("countdown/fifo", delays=delays)
+    report(f"countdown/{label}", delays=delays)
     assert bed.runs_per_task() == {sent.id: 1}, log
     assert delays == [0]
     assert "delay" not in caplog.text, caplog.text
     # Held by the worker while it waited: its lease was renewed again and again.
-    receives, renewals = queue_events(bed, "receive"), queue_events(bed, "change_visibility")
-    assert len(receives) == 1, receives
-    assert len(renewals) > len(receives), (renewals, log)
-
-
-def test_with_eta_send_delay_off_a_countdown_is_sent_at_once_and_held(bed: Bed) -> None:
-    bed.create_queue(visibility_timeout=LEASE)
-    app = producer(bed, eta_send_delay=False)
-    with worker(bed, "threads", 2, options=OPTIONS) as process:
-        bed.server.reset_calls()
-        sent = app.send_task(BUSY, args=("held", 0.1), countdown=COUNTDOWN)
-        delays = send_delays(bed)
-        bed.wait_for_executions(1, timeout=COUNTDOWN + 30)
-        bed.wait_for_executions(2, timeout=DUPLICATE_GUARD)
-        log = process.log
-    app.close()
-    report("countdown/opted-out", delays=delays)
-    assert bed.runs_per_task() == {sent.id: 1}, log
-    assert delays == [0]
     receives, renewals = queue_events(bed, "receive"), queue_events(bed, "change_visibility")
     assert len(receives) == 1, receives
     assert len(renewals) > len(receives), (renewals, log)

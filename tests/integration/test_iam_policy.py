@@ -7,7 +7,6 @@ the ones that ran here. moto evaluates fewer policy features than AWS (see
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -20,7 +19,6 @@ from botocore.exceptions import ClientError
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
 from tests.integration.harness import (
-    REPO,
     Bed,
     Worker,
     broker_url,
@@ -31,7 +29,7 @@ from tests.integration.harness import (
 )
 from tests.integration.iam import Iam, Keys, allow, client, published_policy, without_action
 from tests.integration.sqs_reads import dead_letter_count
-from tests.integration.test_monitoring import CELERY, OPTIONS, events_dump, monitored_worker
+from tests.integration.test_monitoring import OPTIONS, events_dump, monitored_worker, run_celery
 
 LEASE = 3
 
@@ -284,13 +282,8 @@ def test_the_monitoring_policy_runs_events_and_inspect_with_nothing_refused(
             task_id = bed.send("busy", "short", 0.1, credentials=enforced.producer)
             succeeded = f"task succeeded: tests.integration.app.busy({task_id})"
             wait_for(lambda: succeeded in dump.output, 30, "the task's events in the dump")
-        ping = subprocess.run(
-            [*CELERY, "inspect", "ping", "--timeout", "5"],
-            cwd=REPO,
-            env=bed.env(options=OPTIONS, **monitor),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        ping = run_celery(
+            bed, "inspect", "ping", "--timeout", "5", options=OPTIONS, timeout=60, **monitor
         )
     logs = [worker.output, dump.output, ping.stdout + ping.stderr]
 
@@ -306,13 +299,8 @@ def test_a_monitor_without_sns_subscribe_is_refused_by_name(
 ) -> None:
     bed = enforced.new_bed(tmp_path, "unsubscribed")
     keys = enforced.monitor_without_subscribing
-    dump = subprocess.run(
-        [*CELERY, "events", "--dump"],
-        cwd=REPO,
-        env=bed.env(options=OPTIONS, **worker_env(enforced, keys)),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    dump = run_celery(
+        bed, "events", "--dump", options=OPTIONS, timeout=60, **worker_env(enforced, keys)
     )
     output = dump.stdout + dump.stderr
 

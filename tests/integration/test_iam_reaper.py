@@ -8,18 +8,23 @@ refused), then with both documents.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from celery_sqs_heartbeat.testing import Refusal, StrictSQSServer
-from tests.integration.harness import REPO, Bed, create_queue, needs_sns_fanout, wait_for
+from tests.integration.harness import Bed, create_queue, needs_sns_fanout, wait_for
 from tests.integration.iam import Iam, Keys, allow, client, published_policy, recorded
 from tests.integration.test_iam_policy import worker_env
-from tests.integration.test_monitoring import CELERY, OPTIONS, Process, monitored_worker
-from tests.integration.test_reaper import STALE, event_queues, queue_names, subscriptions
+from tests.integration.test_monitoring import (
+    OPTIONS,
+    Process,
+    monitored_worker,
+    run_celery,
+    start_worker,
+)
+from tests.integration.test_reaper import REAP, STALE, event_queues, queue_names, subscriptions
 
 IAM_RECORDING = True
 
@@ -69,14 +74,7 @@ def iam_setup(iam: Iam) -> Enforced:
 
 def reap(bed: Bed, enforced: Enforced, keys: Keys, *args: str) -> tuple[int, set[str], str]:
     """``celery sqs-reap`` with ``keys``: its status, its ``action kind name`` lines, output."""
-    done = subprocess.run(
-        [*CELERY, "sqs-reap", "--older-than", "0s", "--stale", f"{STALE}s", *args],
-        cwd=REPO,
-        env=bed.env(options=OPTIONS, **worker_env(enforced, keys)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_celery(bed, *REAP, *args, options=OPTIONS, timeout=120, **worker_env(enforced, keys))
     lines = {" ".join(line.split("\t")[:3]) for line in done.stdout.splitlines() if "\t" in line}
     return done.returncode, lines, done.stdout + done.stderr
 
@@ -90,23 +88,15 @@ def test_the_reapers_policies_list_then_delete_only_with_the_delete_statements(
     create_queue(sqs, bed.queue, 30)
     name = f"iam{uuid.uuid4().hex[:6]}"
     with monitored_worker(bed, name, **worker_env(enforced, enforced.monitored_worker)):
-        gone = Process(
+        gone = start_worker(
             bed,
-            "worker-killed",
-            "worker",
+            f"gone{name}",
             "-P",
             "solo",
-            "-n",
-            f"gone{name}@%h",
             "--without-heartbeat",
-            "-l",
-            "info",
-            "--without-mingle",
-            "--without-gossip",
             options=OPTIONS,
             **worker_env(enforced, enforced.monitored_worker),
         )
-        wait_for(lambda: "ready." in gone.output, 60, "the worker to be killed")
         dump = Process(
             bed,
             "events-killed",

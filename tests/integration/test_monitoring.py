@@ -62,23 +62,28 @@ class Process:
             self._out.close()
 
 
-@contextmanager
-def monitored_worker(
-    bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
-) -> Iterator[Process]:
-    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs.
+def run_celery(
+    bed: Bed, *args: str, options: dict[str, Any], timeout: float, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """A ``celery`` command of the test app run to its end, as an operator runs it."""
+    return subprocess.run(
+        [*CELERY, *args],
+        cwd=REPO,
+        env=bed.env(options=options, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
-    ``env``: more environment, such as the AWS keys of an IAM user.
-    """
+
+def start_worker(bed: Bed, name: str, *args: str, options: dict[str, Any], **env: str) -> Process:
+    """``celery worker`` of the test app as node ``name`` (its log ``<name>.log``), with
+    ``args`` such as its pool, once it is ready (killed if it never is)."""
     worker = Process(
         bed,
-        "worker-monitored",
+        name,
         "worker",
-        "-E",
-        "-P",
-        "prefork",
-        "-c",
-        "1",
+        *args,
         "-n",
         f"{name}@%h",
         "-l",
@@ -89,7 +94,23 @@ def monitored_worker(
         **env,
     )
     try:
-        wait_for(lambda: "ready." in worker.output, 30, "the worker to be ready")
+        wait_for(lambda: "ready." in worker.output, 60, f"{name} to be ready")
+    except BaseException:
+        worker.stop(signal.SIGKILL)
+        raise
+    return worker
+
+
+@contextmanager
+def monitored_worker(
+    bed: Bed, name: str, options: dict[str, Any] = OPTIONS, **env: str
+) -> Iterator[Process]:
+    """A prefork worker sending task events (``-E``) and heartbeats, as Flower needs.
+
+    ``env``: more environment, such as the AWS keys of an IAM user.
+    """
+    worker = start_worker(bed, name, "-E", "-P", "prefork", "-c", "1", options=options, **env)
+    try:
         yield worker
     finally:
         assert worker.stop() == 0, worker.output
@@ -196,24 +217,7 @@ def test_monitors_leave_nothing_and_a_stopped_worker_only_its_subscribed_mailbox
     with monitored_worker(bed, name):
         with events_dump(bed):
             _, subscriptions_during = queues_and_subscriptions(bed)
-        ping = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.integration.app",
-                "inspect",
-                "ping",
-                "--timeout",
-                "5",
-            ],
-            cwd=REPO,
-            env=bed.env(options=OPTIONS),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        ping = run_celery(bed, "inspect", "ping", "--timeout", "5", options=OPTIONS, timeout=60)
         assert f"{name}@" in ping.stdout, ping.stdout + ping.stderr
     queues_after, subscriptions_after = queues_and_subscriptions(bed)
 

@@ -7,18 +7,26 @@ SNS topics are apart from other tests' leftovers on the shared server.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any
 
-from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for
-from tests.integration.test_monitoring import LEASE, Process, _answers, sns, task_state
+from tests.integration.harness import Bed, needs_sns_fanout, wait_for
+from tests.integration.test_monitoring import (
+    LEASE,
+    Process,
+    _answers,
+    run_celery,
+    sns,
+    start_worker,
+    task_state,
+)
 from tests.ports import free_port
 
 #: An event unread this long (beyond the monitors' 1 s poll and 1 s interval) is stale.
 STALE = 8
+#: ``celery sqs-reap`` as the tests run it: no queue too young, events stale after ``STALE``.
+REAP = ("sqs-reap", "--older-than", "0s", "--stale", f"{STALE}s")
 
 
 Row = tuple[str, str, str]
@@ -27,28 +35,7 @@ Row = tuple[str, str, str]
 def reap(bed: Bed, options: dict[str, Any], *args: str) -> tuple[int, set[Row], dict[str, str]]:
     """Run ``celery sqs-reap``: its exit status, (action, kind, name) of each line, and
     each line's reason by name."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.integration.app",
-            "sqs-reap",
-            "--older-than",
-            "0s",
-            "--stale",
-            f"{STALE}s",
-            "--ping-timeout",
-            "1",
-            *args,
-        ],
-        cwd=REPO,
-        env=bed.env(options=options),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_celery(bed, *REAP, "--ping-timeout", "1", *args, options=options, timeout=120)
     fields = [line.split("\t") for line in done.stdout.splitlines() if "\t" in line]
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return done.returncode, {(f[0], f[1], f[2]) for f in fields}, {f[2]: f[3] for f in fields}
@@ -96,24 +83,6 @@ def start_flower(
     return flower, queue, url
 
 
-def start_worker(bed: Bed, options: dict[str, Any], name: str, *args: str) -> Process:
-    worker = Process(
-        bed,
-        name,
-        "worker",
-        *args,
-        "-n",
-        f"{name}@%h",
-        "-l",
-        "info",
-        "--without-mingle",
-        "--without-gossip",
-        options=options,
-    )
-    wait_for(lambda: "ready." in worker.output, 60, f"{name} to be ready")
-    return worker
-
-
 @needs_sns_fanout
 def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(bed: Bed) -> None:
     prefix = f"rp{uuid.uuid4().hex[:6]}-"
@@ -125,9 +94,13 @@ def test_the_reaper_removes_what_killed_processes_left_and_nothing_of_live_ones(
     }
     processes: list[Process] = []
     try:
-        live = start_worker(bed, options, f"live{prefix[2:8]}", "-E", "-P", "prefork", "-c", "1")
+        live = start_worker(
+            bed, f"live{prefix[2:8]}", "-E", "-P", "prefork", "-c", "1", options=options
+        )
         processes.append(live)
-        gone = start_worker(bed, options, f"gone{prefix[2:8]}", "-P", "solo", "--without-heartbeat")
+        gone = start_worker(
+            bed, f"gone{prefix[2:8]}", "-P", "solo", "--without-heartbeat", options=options
+        )
         processes.append(gone)
         live_dump, live_dump_queue = start_monitor(
             bed, options, prefix, "events-live", "events", "--dump"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 
-from tests.integration.harness import REPO, Bed, needs_sns_fanout, worker
+from tests.integration.harness import Bed, needs_sns_fanout, worker
+from tests.integration.test_monitoring import run_celery
 
 #: The worker's kombu waits this long after an empty poll before polling a queue again.
 WORKER_POLLING_INTERVAL = 10
@@ -20,19 +19,13 @@ WORKER_OPTIONS = {
 CLIENT_LONG_POLL = 20
 CLIENT_OPTIONS = {"supports_fanout": True, "wait_time_seconds": CLIENT_LONG_POLL}
 PINGS = 3
-CELERY = [sys.executable, "-m", "celery", "-A", "tests.integration.app"]
 
 
 def ping(bed: Bed) -> tuple[str, float]:
     """One ``celery inspect ping --timeout 1``, as an operator runs it: output and seconds."""
     started = time.monotonic()
-    process = subprocess.run(
-        [*CELERY, "inspect", "ping", "--timeout", "1"],
-        cwd=REPO,
-        env=bed.env(options=CLIENT_OPTIONS),
-        capture_output=True,
-        text=True,
-        timeout=90,
+    process = run_celery(
+        bed, "inspect", "ping", "--timeout", "1", options=CLIENT_OPTIONS, timeout=90
     )
     return process.stdout + process.stderr, time.monotonic() - started
 

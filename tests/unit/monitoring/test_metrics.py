@@ -249,31 +249,17 @@ def test_records_from_many_threads_are_all_counted(counters: LeaseMetrics) -> No
 
 
 def test_the_summary_is_one_line_with_every_counter_and_the_margins(
-    counters: LeaseMetrics,
+    history: LeaseMetrics,
 ) -> None:
-    counters.set_leases_held(3)
-    counters.record_renewal_call(10)
-    for seconds in (0.8, 1.4, 1.6, 9.5):
-        counters.record_renewal_margin(seconds)
-    counters.record_renewal_failure("ThrottlingException", entries=2)
-    counters.record_renewal_failure("MessageNotInflight")
-    counters.record_lease_lost()
-    counters.record_released(2)
-    counters.record_receive_error("InternalError")
-    counters.set_deletes_pending(1)
-    counters.record_delete_call(deleted=10)
-    counters.record_delete_failure("ReceiptHandleIsInvalid", retried=False)
-    counters.record_delete_failure("InternalError", retried=True)
-
-    line = counters.snapshot().summary()
+    line = history.snapshot().summary()
 
     assert "\n" not in line
     assert line == (
-        "SQS lease summary: held=3 renewal_calls=1 renewal_entries=10 "
-        "renewal_failures=3 (MessageNotInflight=1 ThrottlingException=2) lost=1 released=2 "
-        "receive_errors=1 (InternalError=1) deletes_pending=1 delete_calls=1 deleted=10 "
+        "SQS lease summary: held=3 renewal_calls=2 renewal_entries=6 "
+        "renewal_failures=3 (MessageNotInflight=1 ThrottlingException=2) lost=1 released=5 "
+        "receive_errors=1 (ReadTimeoutError=1) deletes_pending=1 delete_calls=1 deleted=7 "
         "delete_failures=2 (InternalError=1 ReceiptHandleIsInvalid=1) deletes_retried=1 "
-        "margin_seconds min=0.80 median<=2.00 max=9.50 (counts since the process started)"
+        "margin_seconds min=0.30 median<=5.00 max=12.00 (counts since the process started)"
     )
 
 
@@ -426,48 +412,36 @@ def scrape(collector: LeaseMetricsCollector) -> dict[str, float]:
     return samples
 
 
-def test_the_collector_exposes_every_counter_in_prometheus_terms(counters: LeaseMetrics) -> None:
-    counters.set_leases_held(3)
-    counters.record_renewal_call(10)
-    counters.record_renewal_margin(0.4)
-    counters.record_renewal_margin(8.0)
-    counters.record_renewal_failure("ThrottlingException", entries=2)
-    counters.record_renewal_failure("MessageNotInflight")
-    counters.record_lease_lost()
-    counters.record_released(5)
-    counters.record_receive_error("InternalError")
-    counters.set_deletes_pending(2)
-    counters.record_delete_call(deleted=7)
-    counters.record_delete_failure("InternalError", retried=True)
-
-    samples = scrape(LeaseMetricsCollector(counters.snapshot))
+def test_the_collector_exposes_every_counter_in_prometheus_terms(history: LeaseMetrics) -> None:
+    samples = scrape(LeaseMetricsCollector(history.snapshot))
 
     margin = "celery_sqs_heartbeat_renewal_margin_seconds"
     assert samples == {
         "celery_sqs_heartbeat_leases_held": 3,
-        "celery_sqs_heartbeat_renewal_calls_total": 1,
-        "celery_sqs_heartbeat_renewal_entries_total": 10,
+        "celery_sqs_heartbeat_renewal_calls_total": 2,
+        "celery_sqs_heartbeat_renewal_entries_total": 6,
         "celery_sqs_heartbeat_renewal_failures_total{code=MessageNotInflight}": 1,
         "celery_sqs_heartbeat_renewal_failures_total{code=ThrottlingException}": 2,
         "celery_sqs_heartbeat_leases_lost_total": 1,
         "celery_sqs_heartbeat_messages_released_total": 5,
-        "celery_sqs_heartbeat_receive_errors_total{code=InternalError}": 1,
-        "celery_sqs_heartbeat_deletes_pending": 2,
+        "celery_sqs_heartbeat_receive_errors_total{code=ReadTimeoutError}": 1,
+        "celery_sqs_heartbeat_deletes_pending": 1,
         "celery_sqs_heartbeat_delete_calls_total": 1,
         "celery_sqs_heartbeat_messages_deleted_total": 7,
         "celery_sqs_heartbeat_delete_failures_total{code=InternalError}": 1,
+        "celery_sqs_heartbeat_delete_failures_total{code=ReceiptHandleIsInvalid}": 1,
         "celery_sqs_heartbeat_deletes_retried_total": 1,
         f"{margin}_bucket{{le=0.5}}": 1,
         f"{margin}_bucket{{le=1.0}}": 1,
         f"{margin}_bucket{{le=2.0}}": 1,
-        f"{margin}_bucket{{le=5.0}}": 1,
-        f"{margin}_bucket{{le=10.0}}": 2,
-        f"{margin}_bucket{{le=20.0}}": 2,
-        f"{margin}_bucket{{le=30.0}}": 2,
-        f"{margin}_bucket{{le=60.0}}": 2,
-        f"{margin}_bucket{{le=+Inf}}": 2,
-        f"{margin}_count": 2,
-        f"{margin}_sum": 8.4,
+        f"{margin}_bucket{{le=5.0}}": 3,
+        f"{margin}_bucket{{le=10.0}}": 3,
+        f"{margin}_bucket{{le=20.0}}": 4,
+        f"{margin}_bucket{{le=30.0}}": 4,
+        f"{margin}_bucket{{le=60.0}}": 4,
+        f"{margin}_bucket{{le=+Inf}}": 4,
+        f"{margin}_count": 4,
+        f"{margin}_sum": pytest.approx(20.8),
     }
 
 

@@ -48,26 +48,6 @@ Points = dict[tuple[str, tuple[tuple[str, Any], ...]], float]
 
 
 @pytest.fixture
-def counters() -> LeaseMetrics:
-    """A known history: two renewal calls, failures of two kinds, a lost lease, deletes."""
-    counters = LeaseMetrics()
-    counters.set_leases_held(3)
-    counters.record_renewal_call(entries=4)
-    counters.record_renewal_call(entries=2)
-    for margin in (0.3, 4.0, 4.5, 12.0):
-        counters.record_renewal_margin(margin)
-    counters.record_renewal_failure("ThrottlingException", entries=2)
-    counters.record_renewal_failure("MessageNotInflight")
-    counters.record_lease_lost()
-    counters.record_released(5)
-    counters.record_receive_error("ReadTimeoutError")
-    counters.set_deletes_pending(1)
-    counters.record_delete_call(deleted=7)
-    counters.record_delete_failure("InternalError", retried=True)
-    return counters
-
-
-@pytest.fixture
 def reader() -> InMemoryMetricReader:
     return InMemoryMetricReader()
 
@@ -102,9 +82,9 @@ def _kind(data: Any) -> str:
 
 
 def test_the_instruments_are_the_pinned_ones(
-    provider: MeterProvider, reader: InMemoryMetricReader, counters: LeaseMetrics
+    provider: MeterProvider, reader: InMemoryMetricReader, history: LeaseMetrics
 ) -> None:
-    LeaseInstruments(provider.get_meter("test"), source=counters.snapshot)
+    LeaseInstruments(provider.get_meter("test"), source=history.snapshot)
 
     described, _ = collected(reader)
 
@@ -118,9 +98,9 @@ def test_every_counter_but_the_margins_has_an_instrument() -> None:
 
 
 def test_the_values_are_the_snapshots_with_the_messaging_system(
-    provider: MeterProvider, reader: InMemoryMetricReader, counters: LeaseMetrics
+    provider: MeterProvider, reader: InMemoryMetricReader, history: LeaseMetrics
 ) -> None:
-    LeaseInstruments(provider.get_meter("test"), source=counters.snapshot)
+    LeaseInstruments(provider.get_meter("test"), source=history.snapshot)
 
     _, points = collected(reader)
 
@@ -149,15 +129,16 @@ def test_the_values_are_the_snapshots_with_the_messaging_system(
         ("renewal.failures", "ThrottlingException"): 2,
         ("renewal.failures", "MessageNotInflight"): 1,
         ("receive.errors", "ReadTimeoutError"): 1,
+        ("delete.failures", "ReceiptHandleIsInvalid"): 1,
         ("delete.failures", "InternalError"): 1,
     }
     assert all(SQS in attrs for _, attrs in points)
 
 
 def test_the_margin_buckets_are_cumulative_as_prometheus_has_them(
-    provider: MeterProvider, reader: InMemoryMetricReader, counters: LeaseMetrics
+    provider: MeterProvider, reader: InMemoryMetricReader, history: LeaseMetrics
 ) -> None:
-    LeaseInstruments(provider.get_meter("test"), source=counters.snapshot)
+    LeaseInstruments(provider.get_meter("test"), source=history.snapshot)
 
     _, points = collected(reader)
 
@@ -194,9 +175,9 @@ def test_without_renewals_there_is_no_smallest_or_largest_margin(
 
 
 def test_another_process_observes_nothing(
-    provider: MeterProvider, reader: InMemoryMetricReader, counters: LeaseMetrics
+    provider: MeterProvider, reader: InMemoryMetricReader, history: LeaseMetrics
 ) -> None:
-    instruments = LeaseInstruments(provider.get_meter("test"), source=counters.snapshot)
+    instruments = LeaseInstruments(provider.get_meter("test"), source=history.snapshot)
     instruments.reporting_pid = os.getpid() + 1
 
     _, points = collected(reader)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from celery_sqs_heartbeat.reaping.verdicts import (
@@ -21,22 +23,19 @@ HOUR = 3600.0
 STALE = 30.0
 
 
-def event_queue(**facts: object) -> EventQueueFacts:
-    """A monitor's queue two hours old, subscribed, its oldest event unread for 45 s."""
-    values: dict[str, object] = {
-        "name": "app-celeryev-1",
-        "created": NOW - 2 * HOUR,
-        "observed": NOW,
-        "subscribed": True,
-        "has_redrive_policy": False,
-        "oldest_unread": NOW - 45,
-    }
-    values.update(facts)
-    return EventQueueFacts(**values)  # type: ignore[arg-type]
+#: A monitor's queue two hours old, subscribed, its oldest event unread for 45 s.
+EVENT_QUEUE = EventQueueFacts(
+    name="app-celeryev-1",
+    created=NOW - 2 * HOUR,
+    observed=NOW,
+    subscribed=True,
+    has_redrive_policy=False,
+    oldest_unread=NOW - 45,
+)
 
 
 def test_an_event_unread_for_longer_than_stale_shows_the_monitor_gone() -> None:
-    verdict = judge_event_queue(event_queue(), older_than=HOUR, stale=STALE)
+    verdict = judge_event_queue(EVENT_QUEUE, older_than=HOUR, stale=STALE)
 
     assert verdict.reap, verdict
     assert verdict.reason == "an event unread for 45 s: no monitor reads it"
@@ -58,30 +57,28 @@ def test_an_event_unread_for_longer_than_stale_shows_the_monitor_gone() -> None:
 def test_an_event_queue_is_kept_unless_an_old_event_proves_nobody_reads_it(
     facts: dict[str, object], why: str
 ) -> None:
-    verdict = judge_event_queue(event_queue(**facts), older_than=HOUR, stale=STALE)
+    verdict = judge_event_queue(replace(EVENT_QUEUE, **facts), older_than=HOUR, stale=STALE)
 
     assert not verdict.reap, verdict
     assert why in verdict.reason, verdict
 
 
 def test_an_event_exactly_stale_is_enough() -> None:
-    assert judge_event_queue(event_queue(oldest_unread=NOW - STALE), HOUR, STALE).reap
+    assert judge_event_queue(replace(EVENT_QUEUE, oldest_unread=NOW - STALE), HOUR, STALE).reap
 
 
-def mailbox(**facts: object) -> MailboxFacts:
-    values: dict[str, object] = {
-        "name": "app-w1_host-celery-pidbox",
-        "created": NOW - 2 * HOUR,
-        "observed": NOW,
-        "subscribed": True,
-        "answered": False,
-    }
-    values.update(facts)
-    return MailboxFacts(**values)  # type: ignore[arg-type]
+#: A worker's mailbox two hours old, subscribed, its node silent to every ping.
+MAILBOX = MailboxFacts(
+    name="app-w1_host-celery-pidbox",
+    created=NOW - 2 * HOUR,
+    observed=NOW,
+    subscribed=True,
+    answered=False,
+)
 
 
 def test_a_mailbox_whose_node_answered_no_ping_and_is_old_goes() -> None:
-    verdict = judge_mailbox(mailbox(), older_than=HOUR, remote_control=True, pings=3)
+    verdict = judge_mailbox(MAILBOX, older_than=HOUR, remote_control=True, pings=3)
 
     assert verdict.reap, verdict
     assert verdict.reason == "no worker of its name answered 3 pings"
@@ -101,7 +98,7 @@ def test_a_mailbox_whose_node_answered_no_ping_and_is_old_goes() -> None:
 def test_a_mailbox_is_kept_unless_its_worker_is_shown_gone(
     facts: dict[str, object], remote_control: bool, why: str
 ) -> None:
-    verdict = judge_mailbox(mailbox(**facts), HOUR, remote_control, pings=3)
+    verdict = judge_mailbox(replace(MAILBOX, **facts), HOUR, remote_control, pings=3)
 
     assert not verdict.reap, verdict
     assert why in verdict.reason, verdict
