@@ -86,6 +86,9 @@ class Workload:
     base_options: Mapping[str, Any] = field(default_factory=lambda: dict(BASE_OPTIONS))
     idle: float = 0.0
     exactly_once: bool = False
+    #: Tasks published one at a time to the idle worker after ``idle``, each once the one
+    #: before it started: their publish-to-start latency.
+    probes: int = 0
 
 
 def backlog(scenario: str, tasks: int) -> Workload:
@@ -128,6 +131,9 @@ class Run:
     #: Calls made while the worker sat idle after the backlog, and for how long.
     idle_calls: dict[str, int] = field(default_factory=dict)
     idle_seconds: float = 0.0
+    #: Seconds from the publish of each probe task (the send's start) to its start in
+    #: the worker, on the idle worker; one per probe that ran.
+    start_latencies: list[float] = field(default_factory=list)
     #: Executions per task id, from the record file, after the worker exited.
     executions: dict[str, int] = field(default_factory=dict)
     #: Published tasks that never ran, ran more than once, and executions of task ids that
@@ -199,5 +205,6 @@ class Plan:
     sides: list[Side]
     task_seconds: float | None
     idle: float
+    probes: int
     workdir: Path
     command: str

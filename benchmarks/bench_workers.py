@@ -88,6 +88,8 @@ class Bench:
                 self._watch(result, queue, workload)
                 if workload.idle and result.all_acked:
                     self._idle(result, workload.idle)
+                if workload.probes and result.all_acked:
+                    published |= self._probe(result, workload, queue, records)
                 result.exit_code = w.stop()
         finally:
             self.server.clear_faults()
@@ -150,6 +152,20 @@ class Bench:
             if n > before.get(action, 0)
         }
 
+    def _probe(self, result: Run, workload: Workload, queue: str, records: Path) -> set[str]:
+        """Publish-to-start latency on the idle worker: one task at a time, each sent once
+        the one before it has started; a probe that never starts ends the probing."""
+        ids: set[str] = set()
+        for _ in range(workload.probes):
+            sent_at = time.time()
+            [task_id] = self._publish(workload.task, workload.args, 1, queue)
+            ids.add(task_id)
+            started = _start_of(records, task_id, deadline=time.monotonic() + workload.timeout)
+            if started is None:
+                break
+            result.start_latencies.append(started - sent_at)
+        return ids
+
     def _settle(self, result: Run, queue: str, published: set[str], records: Path) -> None:
         """What the worker did that only shows once it has exited: the calls of its warm
         shutdown, the fate of every delete, executions, and its log's warnings."""
@@ -194,6 +210,18 @@ class Bench:
         self, transport: str, options: dict[str, Any], queue: str, records: Path
     ) -> dict[str, str]:
         return worker_env(self.server.broker_url, transport, options, queue, records)
+
+
+def _start_of(records: Path, task_id: str, deadline: float) -> float | None:
+    """When ``task_id`` started, from the record file, waiting for it until ``deadline``."""
+    while time.monotonic() < deadline:
+        if records.exists():
+            for line in records.read_text().splitlines():
+                record = json.loads(line)
+                if record["task_id"] == task_id:
+                    return float(record["start"])
+        time.sleep(0.002)
+    return None
 
 
 def worker_env(

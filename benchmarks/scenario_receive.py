@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,12 +45,13 @@ def measure(bench: Bench, plan: Plan) -> list[Run]:
         args=(plan.task_seconds,) if plan.task_seconds else (),
         base_options=KOMBU_DEFAULT_OPTIONS,
         idle=plan.idle,
+        probes=plan.probes,
     )
     return measure_cells(
         bench,
         workload,
         setups=plan.receive_setups,
-        sides=[STOCK, OURS],
+        sides=plan.sides,
         reps=plan.reps,
         latencies=plan.latencies,
     )
@@ -75,9 +77,11 @@ def section(runs: Sequence[Run], plan: Plan, elapsed: float) -> str:
             "calls per minute while the worker sat with an empty queue after the backlog.",
             f"- worker logs and record files: {plan.workdir}",
             "",
-            acks_table(runs, [STOCK, OURS]),
+            acks_table(runs, plan.sides),
             "",
             idle_table(runs),
+            "",
+            start_latency_table(runs),
             "",
             speedup(runs),
         ]
@@ -98,6 +102,27 @@ def idle_table(runs: Sequence[Run]) -> str:
         lines.append(
             f"| {ms(latency)} | {setup} | {transport} | {spread(per_minute, 1)} "
             f"| {', '.join(others) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+def start_latency_table(runs: Sequence[Run]) -> str:
+    """Publish-to-start on the idle worker, every probe of a cell's runs pooled."""
+    lines = [
+        "| latency | worker | transport | probes | publish-to-start p50 (ms) | p99 (ms) |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for (latency, setup, transport), group in grouped(
+        runs, lambda r: (r.latency, r.setup, r.transport)
+    ).items():
+        latencies = sorted(t for r in group for t in r.start_latencies)
+        if not latencies:
+            continue
+        p50 = latencies[len(latencies) // 2]
+        p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
+        lines.append(
+            f"| {ms(latency)} | {setup} | {transport} | {len(latencies)} "
+            f"| {1000 * p50:.1f} | {1000 * p99:.1f} |"
         )
     return "\n".join(lines)
 

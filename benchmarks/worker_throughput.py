@@ -127,6 +127,7 @@ def _plan(args: argparse.Namespace, argv: Sequence[str] | None) -> Plan:
         sides=sides,
         task_seconds=args.task_seconds,
         idle=args.idle or (2.0 if args.smoke else scenario_receive.IDLE),
+        probes=args.probes if args.probes is not None else (5 if args.smoke else 0),
         workdir=workdir,
         command=shlex.join(command),
     )
@@ -145,6 +146,12 @@ def _parser() -> argparse.ArgumentParser:
         "--idle",
         type=float,
         help=f"receive: seconds the worker sits idle after the backlog ({scenario_receive.IDLE:g})",
+    )
+    parser.add_argument(
+        "--probes",
+        type=int,
+        help="receive: tasks sent one at a time to the idle worker for publish-to-start "
+        "latency (0; 5 with --smoke)",
     )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-long", action="store_true")
