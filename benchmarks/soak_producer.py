@@ -7,6 +7,7 @@ the strict server's faulted calls never reach its queues, so a failed try sent n
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import uuid
@@ -67,7 +68,8 @@ class Producer(threading.Thread):
         self.started = started
         self.published: list[Published] = []
         self.given_up = 0
-        self.failed_tries = 0
+        #: Task ids whose publish failed at least once, with how many times.
+        self.failed_tries: collections.Counter[str] = collections.Counter()
 
     def run(self) -> None:
         for task in self.plan:
@@ -90,6 +92,6 @@ class Producer(threading.Thread):
                 result = self.app.send_task(name, task_id=task_id, **options)
                 return str(result.id)
             except Exception:
-                self.failed_tries += 1
+                self.failed_tries[task_id] += 1
                 time.sleep(1.0)
         return None

@@ -35,6 +35,8 @@ class Leftovers:
     subscriptions: list[str] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     objects: list[str] = field(default_factory=list)
+    #: Objects put by a publish whose SendMessage then failed (no message points at them).
+    orphans: list[str] = field(default_factory=list)
     #: Messages still in the task queues: visible, in flight or delayed.
     messages: int = 0
 
@@ -45,6 +47,7 @@ class Leftovers:
             + len(self.subscriptions)
             + len(self.topics)
             + len(self.objects)
+            + len(self.orphans)
             + self.messages
         )
 
@@ -63,6 +66,9 @@ class PoolResult:
     shapes: dict[str, int] = field(default_factory=dict)
     parked: int = 0
     reaped: int = 0
+    #: Publishes tried again after a failure (an outage), and tasks never published.
+    failed_publishes: int = 0
+    given_up: int = 0
 
     def faults(self) -> dict[str, int]:
         """Faults injected, by kind; a SIGKILL after a warm shutdown's grace counts apart."""
@@ -140,6 +146,7 @@ def details(result: PoolResult) -> list[str]:
     lines += [f"left: subscription {name}" for name in left.subscriptions]
     lines += [f"left: topic {name}" for name in left.topics]
     lines += [f"left: S3 object {name}" for name in left.objects]
+    lines += [f"left: S3 object of a failed publish {name}" for name in left.orphans]
     if left.messages:
         lines.append(f"left: {left.messages} messages in the task queues")
     lines += [
@@ -153,7 +160,10 @@ def details(result: PoolResult) -> list[str]:
 def summary(result: PoolResult) -> str:
     """What the run did, in a line: tasks by shape, parked countdowns, reaped leftovers."""
     shapes = ", ".join(f"{shape} {n}" for shape, n in sorted(result.shapes.items()))
-    return f"tasks: {shapes}; parked {result.parked}; reaped {result.reaped}"
+    return (
+        f"tasks: {shapes}; parked {result.parked}; failed publish tries "
+        f"{result.failed_publishes}, given up {result.given_up}; reaped {result.reaped}"
+    )
 
 
 def _left(left: Leftovers) -> str:
@@ -164,6 +174,7 @@ def _left(left: Leftovers) -> str:
         "subscriptions": len(left.subscriptions),
         "topics": len(left.topics),
         "S3 objects": len(left.objects),
+        "S3 objects of failed publishes": len(left.orphans),
         "messages": left.messages,
     }
     return ", ".join(f"{n} {kind}" for kind, n in parts.items() if n)

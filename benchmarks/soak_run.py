@@ -7,6 +7,7 @@ never mix with another's.
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -131,7 +132,7 @@ class PoolRun:
             for slot in self.slots:
                 slot.stop(60)
             self.driver.log("stopped")
-            leftovers = self._leftovers()
+            leftovers = self._leftovers(producer)
         finally:
             for slot in self.slots:
                 slot.sigkill()
@@ -148,6 +149,8 @@ class PoolRun:
             shapes=dict(collections.Counter(task.shape for task in producer.published)),
             parked=self._parked(),
             reaped=reaped,
+            failed_publishes=sum(producer.failed_tries.values()),
+            given_up=producer.given_up,
         )
 
     def _write_published(self, producer: Producer) -> None:
@@ -231,7 +234,7 @@ class PoolRun:
         self.driver.log("reaped", code=done.returncode, deleted=len(deleted))
         return len(deleted)
 
-    def _leftovers(self) -> Leftovers:
+    def _leftovers(self, producer: Producer) -> Leftovers:
         """Every queue, subscription, topic and S3 object the run did not mean to keep: its
         two task queues and the workers' mailboxes are kept, as a stopped worker's are."""
         queues = {
@@ -246,14 +249,27 @@ class PoolRun:
             f"{s['TopicArn'].rsplit(':', 1)[1]} -> {s['Endpoint'].rsplit(':', 1)[1]}"
             for s in self.sns.list_subscriptions()["Subscriptions"]
         ]
-        objects = self.s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])
+        objects, orphans = self._objects_left(producer)
         return Leftovers(
             queues=sorted(queues - kept),
             subscriptions=sorted(s for s in subscriptions if s.split(" -> ")[1] not in kept),
             topics=sorted(set(topics) - set(KEPT_TOPICS)),
-            objects=sorted(o["Key"] for o in objects),
+            objects=objects,
+            orphans=orphans,
             messages=self._messages_left(),
         )
+
+    def _objects_left(self, producer: Producer) -> tuple[list[str], list[str]]:
+        """The bucket's objects, each named with its task; apart, those of a task whose
+        publish failed (the body holds the message, and its headers the task id)."""
+        objects: list[str] = []
+        orphans: list[str] = []
+        for entry in self.s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+            body = self.s3.get_object(Bucket=BUCKET, Key=entry["Key"])["Body"].read()
+            task_id = _task_id_of(body)
+            name = f"{entry['Key']} (task {task_id})"
+            (orphans if producer.failed_tries[task_id or ""] else objects).append(name)
+        return sorted(objects), sorted(orphans)
 
     def _messages_left(self) -> int:
         total = 0
@@ -359,13 +375,16 @@ _COUNTS = (
 )
 
 
+def _task_id_of(body: bytes) -> str | None:
+    """The task id in a kombu SQS body: base64 of the JSON envelope, headers and all."""
+    try:
+        return str(json.loads(base64.b64decode(body))["headers"]["id"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _is_mailbox(queue: str, nodes: list[str]) -> bool:
-    """A worker's mailbox (``soak-w1_host-celery-pidbox``), not a reply queue."""
-    return (
-        queue.endswith("-celery-pidbox")
-        and any(
-            queue.startswith(f"{PREFIX}{node}_") or queue.startswith(f"{PREFIX}{node}@")
-            for node in nodes
-        )
-        and "-reply-" not in queue
+    """A worker's mailbox: ``soak-w1_host-celery-pidbox`` for the node ``w1@host``."""
+    return queue.endswith("-celery-pidbox") and any(
+        queue.startswith(f"{PREFIX}{node}_") for node in nodes
     )
