@@ -133,6 +133,7 @@ class PoolRun:
                 slot.stop(60)
             self.driver.log("stopped")
             leftovers = self._leftovers(producer)
+            self._keep_evidence()
         finally:
             for slot in self.slots:
                 slot.sigkill()
@@ -152,6 +153,20 @@ class PoolRun:
             failed_publishes=sum(producer.failed_tries.values()),
             given_up=producer.given_up,
         )
+
+    def _keep_evidence(self) -> None:
+        """The server's event log and the workers' memory samples, for whoever reads a
+        failed run after its server is gone."""
+        with (self.workdir / "sqs-events.jsonl").open("w") as out:
+            for event in self.server.events():
+                out.write(json.dumps(event) + "\n")
+        with (self.workdir / "memory.jsonl").open("w") as out:
+            for slot in self.slots:
+                for incarnation in slot.incarnations:
+                    out.write(
+                        json.dumps({"worker": incarnation.name, "samples": incarnation.samples})
+                        + "\n"
+                    )
 
     def _write_published(self, producer: Producer) -> None:
         with (self.workdir / "published.jsonl").open("w") as out:
@@ -222,6 +237,7 @@ class PoolRun:
                 "8s",
                 "--ping-timeout",
                 "2",
+                "--show-kept",
             ],
             cwd=BENCH_DIR,
             env=self.env,
