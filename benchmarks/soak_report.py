@@ -80,15 +80,16 @@ class PoolResult:
         return dict(counts)
 
     def crashes(self) -> list[dict[str, Any]]:
-        """Workers that exited without being told to: under chaos, a defect."""
-        return [act for act in self.acts if act["kind"] == "crashed"]
+        """Workers that exited without being told to, or did not stop warm at the end
+        (SIGKILLed after a minute): under chaos, a defect."""
+        return [act for act in self.acts if act["kind"] in ("crashed", "stuck")]
 
     def checks(self) -> list[tuple[str, bool]]:
         """Each check the issue names, and whether it held."""
         tally = self.tally
         return [
             ("none lost", not tally.lost),
-            ("no worker died by itself", not self.crashes()),
+            ("no worker died by itself or hung", not self.crashes()),
             ("every duplicate explained", not tally.unexplained),
             ("FIFO order kept", not tally.out_of_order),
             ("nothing left behind", self.leftovers.count == 0),
@@ -135,6 +136,8 @@ def details(result: PoolResult) -> list[str]:
     lines += [f"lost: {task_id}" for task_id in tally.lost]
     lines += [
         f"died by itself: {act['worker']} (exit status {act['code']}), see its log"
+        if act["kind"] == "crashed"
+        else f"did not stop warm within a minute: {act['worker']}"
         for act in result.crashes()
     ]
     lines += [

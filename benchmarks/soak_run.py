@@ -116,24 +116,15 @@ class PoolRun:
             WorkerSlot(index, pool, concurrency, self.env, workdir)
             for index in range(settings.workers)
         ]
-        self.driver = Driver(server, self.slots, self.env, workdir / "driver.jsonl", 20.0)
+        self.driver = Driver(
+            server, self.slots, self.env, workdir / "driver.jsonl", settings.chaos.grace
+        )
 
     def run(self) -> PoolResult:
         began = time.monotonic()
         self._make_queues()
         try:
-            for slot in self.slots:
-                if not wait_ready(slot.start(), 60):
-                    raise RuntimeError(f"{slot.node} did not start; see {self.workdir}")
-            producer = self._chaos()
-            self._drain(producer)
-            reaped = self._reap()
-            self.driver.sample()
-            for slot in self.slots:
-                slot.stop(60)
-            self.driver.log("stopped")
-            leftovers = self._leftovers(producer)
-            self._keep_evidence()
+            producer, reaped, leftovers = self._soak()
         finally:
             for slot in self.slots:
                 slot.sigkill()
@@ -153,6 +144,24 @@ class PoolRun:
             failed_publishes=sum(producer.failed_tries.values()),
             given_up=producer.given_up,
         )
+
+    def _soak(self) -> tuple[Producer, int, Leftovers]:
+        """The fleet started, the chaos, the drain, the reaper and the warm stop: the
+        producer (what it published), what the reaper deleted, and what was left."""
+        for slot in self.slots:
+            if not wait_ready(slot.start(), 60):
+                raise RuntimeError(f"{slot.node} did not start; see {self.workdir}")
+        producer = self._chaos()
+        self._drain(producer)
+        reaped = self._reap()
+        self.driver.sample()
+        for slot in self.slots:
+            if not slot.stop(60):
+                self.driver.log("stuck", worker=slot.current and slot.current.name)
+        self.driver.log("stopped")
+        leftovers = self._leftovers(producer)
+        self._keep_evidence()
+        return producer, reaped, leftovers
 
     def _keep_evidence(self) -> None:
         """The server's event log and the workers' memory samples, for whoever reads a

@@ -62,7 +62,8 @@ def test_a_clean_run_passes_and_counts_its_faults_by_kind(
     [
         ({"leftovers": "queue"}, "nothing left behind"),
         ({"tally": "lost"}, "none lost"),
-        ({"acts": "crashed"}, "no worker died by itself"),
+        ({"acts": "crashed"}, "no worker died by itself or hung"),
+        ({"acts": "stuck"}, "no worker died by itself or hung"),
         ({"tally": "unexplained"}, "every duplicate explained"),
         ({"tally": "out of order"}, "FIFO order kept"),
         ({"memory": "grown"}, "memory within margin"),
@@ -85,6 +86,7 @@ def test_each_failed_check_fails_the_pool_and_is_named(
         "grown": [verdicts.MemoryVerdict("w1.1", 100 * MIB, 130 * MIB, 20 * MIB)],
         "none": [],
         "crashed": [{"kind": "crashed", "worker": "w2.1", "code": 1}],
+        "stuck": [{"kind": "stuck", "worker": "w1.1"}],
     }
     broken = result(report, verdicts, **{key: made.get(value, value)})
     assert not broken.passed
