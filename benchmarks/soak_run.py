@@ -309,7 +309,8 @@ class PoolRun:
         outages = [
             OutageWindow(a["t"], a["seconds"]) for a in self.driver.acts if a["kind"] == "outage"
         ]
-        chaos = Chaos(self.settings.lease, kills, outages)
+        crashes = [Kill(a["worker"], a["t"]) for a in self.driver.acts if a["kind"] == "crashed"]
+        chaos = Chaos(self.settings.lease, kills, outages, crashes)
         return judge(producer.published, self._runs(), self._receipts(), chaos)
 
     def _memory(self) -> list[Any]:

@@ -19,7 +19,7 @@ from typing import Literal
 #: A run's outcome, as the soak's tasks record it: ``failed`` is a planned failure (the
 #: message is released and runs again), ``retry`` a run that published its retry.
 Outcome = Literal["ok", "failed", "retry"]
-Reason = Literal["sigkilled", "cut off by an outage"]
+Reason = Literal["sigkilled", "cut off by an outage", "its worker died by itself"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,9 @@ class Chaos:
     lease: float
     kills: Sequence[Kill] = ()
     outages: Sequence[OutageWindow] = ()
+    #: Workers that exited by themselves: a defect the soak reports apart, named here so
+    #: that the second runs it caused are told from the unexplained ones.
+    crashes: Sequence[Kill] = ()
 
 
 @dataclass(frozen=True)
@@ -167,12 +170,12 @@ def explain(
     recorded, to a lease after its run's end, the longest a confirmed delete may take)
     and before the other run started: no renewal could reach SQS for a whole lease. The
     one cut off may run second: it received the message first, and kept the copy it had.
+
+    Its worker died by itself: as a SIGKILL, but a defect (``Chaos.crashes``), looked at
+    only when nothing the driver did explains the run.
     """
     for before in earlier:
-        if any(
-            kill.worker == before.worker and before.start <= kill.at <= run.start
-            for kill in chaos.kills
-        ):
+        if _ended_between(before, run, chaos.kills):
             return "sigkilled"
     for before in earlier:
         for held, other in ((before, run), (run, before)):
@@ -184,7 +187,14 @@ def explain(
                 for outage in chaos.outages
             ):
                 return "cut off by an outage"
+    if any(_ended_between(before, run, chaos.crashes) for before in earlier):
+        return "its worker died by itself"
     return None
+
+
+def _ended_between(before: TaskRun, run: TaskRun, ends: Sequence[Kill]) -> bool:
+    """The worker of ``before`` ended after that run started and before ``run`` did."""
+    return any(end.worker == before.worker and before.start <= end.at <= run.start for end in ends)
 
 
 def out_of_order(tasks: Sequence[Published], by_task: dict[str, list[TaskRun]]) -> list[str]:

@@ -28,7 +28,7 @@ def judge(v: ModuleType, runs: list[Any], shape: str = "short", **chaos: Any) ->
         [v.Published("t1", shape)],
         runs,
         chaos.pop("receipts", []),
-        v.Chaos(LEASE, chaos.pop("kills", []), chaos.pop("outages", [])),
+        v.Chaos(LEASE, chaos.pop("kills", []), chaos.pop("outages", []), chaos.pop("crashes", [])),
     )
 
 
@@ -62,6 +62,15 @@ def test_a_sigkill_explains_nothing_unless_it_hit_the_first_run_s_worker_between
     tally = judge(v, [run(v, "w2.1", 10, 11), run(v, "w1.1", 20, 21)], kills=[v.Kill(*kill)])
     assert [d.reason for d in tally.duplicates] == [None]
     assert tally.duplicates_by_reason() == {"unexplained": 1}
+
+
+def test_a_second_run_after_a_worker_died_by_itself_is_told_apart(v: ModuleType) -> None:
+    runs = [run(v, "w2.1", 10, 11), run(v, "w1.1", 20, 21)]
+    tally = judge(v, runs, crashes=[v.Kill("w2.1", 11.5)])
+    assert [d.reason for d in tally.duplicates] == ["its worker died by itself"]
+    assert tally.unexplained == []
+    killed_too = judge(v, runs, crashes=[v.Kill("w2.1", 11.5)], kills=[v.Kill("w2.1", 11.6)])
+    assert [d.reason for d in killed_too.duplicates] == ["sigkilled"]
 
 
 def test_an_outage_longer_than_the_lease_while_the_message_was_held_explains_a_second_run(
