@@ -31,14 +31,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from soak_evidence import chaos_of, json_lines, published, runs_and_receipts
 from soak_report import PoolResult, details, summary, table
 from soak_run import SoakSettings, run_pool
+from soak_verdicts import judge
 
 POOLS = ("prefork", "threads", "gevent", "solo")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.judge:
+        return judge_kept(Path(args.judge))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-soak-"))
     settings = SoakSettings(minutes=args.minutes, seed=args.seed, workdir=workdir, rate=args.rate)
     print(f"chaos soak: seed {args.seed}, {args.minutes} min per pool, logs in {workdir}")
@@ -57,6 +61,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(result.passed for result in results) else 1
 
 
+def judge_kept(workdir: Path) -> int:
+    """Judge the tasks of a finished run again from what it kept, pool by pool: the
+    verdicts of a run made before a change to them (leftovers and memory are not kept)."""
+    failed = False
+    for pool_dir in sorted(p for p in workdir.iterdir() if (p / "published.jsonl").exists()):
+        runs, receipts = runs_and_receipts(pool_dir / "records.jsonl")
+        acts = json_lines(pool_dir / "driver.jsonl")
+        tally = judge(
+            published(pool_dir / "published.jsonl"),
+            runs,
+            receipts,
+            chaos_of(acts, SoakSettings.lease),
+        )
+        twice = ", ".join(f"{why} {n}" for why, n in sorted(tally.duplicates_by_reason().items()))
+        print(
+            f"{pool_dir.name}: {tally.published} tasks, {tally.runs} runs, {tally.ran_once} ran "
+            f"once, ran twice: {twice or 'none'}, lost {len(tally.lost)}, out of order "
+            f"{len(tally.out_of_order)}"
+        )
+        for extra in tally.unexplained:
+            print(
+                f"  unexplained second run: {extra.task_id} ({extra.shape}) on {extra.run.worker}"
+            )
+        failed = failed or bool(tally.lost or tally.unexplained or tally.out_of_order)
+    return 1 if failed else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pools", nargs="+", choices=POOLS, default=list(POOLS))
@@ -68,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=1.0, help="tasks published a second (default 1)"
     )
     parser.add_argument("--workdir", help="where the logs go (default: a new temporary folder)")
+    parser.add_argument(
+        "--judge",
+        metavar="DIR",
+        help="run nothing: judge the tasks of a finished run again from the --workdir it kept",
+    )
     return parser
 
 

@@ -23,10 +23,11 @@ from typing import Any
 import boto3
 from celery import Celery
 from soak_driver import WORKER_ACTIONS, Driver
+from soak_evidence import chaos_of, runs_and_receipts
 from soak_plan import ChaosSettings, plan_chaos, plan_tasks
 from soak_producer import Producer, Shapes
 from soak_report import Leftovers, PoolResult
-from soak_verdicts import Chaos, Kill, OutageWindow, Receipt, TaskRun, judge, memory_verdict
+from soak_verdicts import Tally, judge, memory_verdict
 from soak_workers import BENCH_DIR, WorkerSlot, wait_ready
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
@@ -223,7 +224,8 @@ class PoolRun:
         self.driver.log("drained", complete=self._drained(producer))
 
     def _drained(self, producer: Producer) -> bool:
-        done = {run.task_id for run in self._runs() if run.outcome == "ok"}
+        runs, _ = runs_and_receipts(self.records)
+        done = {run.task_id for run in runs if run.outcome == "ok"}
         if any(task.task_id not in done for task in producer.published):
             return False
         return self._messages_left() == 0
@@ -304,14 +306,11 @@ class PoolRun:
             total += sum(int(counts["Attributes"][key]) for key in _COUNTS)
         return total
 
-    def _tally(self, producer: Producer) -> Any:
-        kills = [Kill(a["worker"], a["t"]) for a in self.driver.acts if a["kind"] == "sigkill"]
-        outages = [
-            OutageWindow(a["t"], a["seconds"]) for a in self.driver.acts if a["kind"] == "outage"
-        ]
-        crashes = [Kill(a["worker"], a["t"]) for a in self.driver.acts if a["kind"] == "crashed"]
-        chaos = Chaos(self.settings.lease, kills, outages, crashes)
-        return judge(producer.published, self._runs(), self._receipts(), chaos)
+    def _tally(self, producer: Producer) -> Tally:
+        runs, receipts = runs_and_receipts(self.records)
+        return judge(
+            producer.published, runs, receipts, chaos_of(self.driver.acts, self.settings.lease)
+        )
 
     def _memory(self) -> list[Any]:
         """The last incarnation of each slot, from its warm-up to its warm stop."""
@@ -331,25 +330,6 @@ class PoolRun:
             if verdict is not None:
                 verdicts.append(verdict)
         return verdicts
-
-    def _records(self) -> list[dict[str, Any]]:
-        if not self.records.exists():
-            return []
-        return [json.loads(line) for line in self.records.read_text().splitlines() if line]
-
-    def _runs(self) -> list[TaskRun]:
-        return [
-            TaskRun(r["task_id"], r["worker"], r["start"], r["end"], r["outcome"])
-            for r in self._records()
-            if r["event"] == "run"
-        ]
-
-    def _receipts(self) -> list[Receipt]:
-        return [
-            Receipt(r["task_id"], r["worker"], r["at"])
-            for r in self._records()
-            if r["event"] == "received"
-        ]
 
     def _make_queues(self) -> None:
         """Made up front, as ops teams do; the FIFO queue must be, and the bucket too."""

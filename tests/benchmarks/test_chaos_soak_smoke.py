@@ -60,3 +60,14 @@ def test_a_minute_of_chaos_on_a_threads_fleet_passes_every_check(tmp_path: Path)
     injected = {act["kind"] for act in acts}
     assert set(bench_module("soak_report").FAULT_ACTS) <= injected, injected
     assert "parked 0;" not in done.stdout, output
+    # What the run kept judges the same again.
+    again = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "chaos_soak.py"), "--judge", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.startswith("threads: "), again.stdout
