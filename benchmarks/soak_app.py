@@ -10,6 +10,11 @@ Configured from the environment, as ``chaos_soak.py`` starts each process:
     the file every run and every receive appends a JSON line to
 ``SOAK_WORKER``
     this worker's incarnation (``w2.3``: slot 2, third start), written in each record
+``SOAK_EVENT_QUEUE_TTL``
+    Celery's ``event_queue_ttl``, the retention of a monitor's event queue: longer than
+    the run, because the strict server (moto) hands out nothing more from a queue whose
+    oldest message is past retention (tests/testbed/test_retention.py), and the reaper
+    would find a killed monitor's queue empty and keep it
 
 Acks are late and a failure is not acked: with ``release_on_failure`` a failed task's
 message goes back to SQS after ``release_delay`` (a backoff), as production sets it.
@@ -42,6 +47,7 @@ app.conf.update(
     task_acks_on_failure_or_timeout=False,
     worker_prefetch_multiplier=2,
     worker_hijack_root_logger=False,
+    event_queue_ttl=float(os.environ.get("SOAK_EVENT_QUEUE_TTL", "5")),
     task_queues=[
         Queue(name, Exchange(name), routing_key=name)
         for name in filter(None, os.environ.get("SOAK_QUEUES", "").split(","))

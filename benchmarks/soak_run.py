@@ -354,6 +354,11 @@ class PoolRun:
         )
         return app
 
+    def _longest_run(self) -> float:
+        """Seconds a pool's run can last: the chaos, the drain's guard, and as long again
+        for the start, the reaper and the stop."""
+        return 2 * (self.settings.chaos.duration + self.settings.drain_guard)
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -361,6 +366,7 @@ class PoolRun:
             SOAK_TRANSPORT_OPTIONS=json.dumps(self.settings.transport_options()),
             SOAK_QUEUES=f"{QUEUE},{FIFO_QUEUE}",
             SOAK_RECORDS=str(self.records),
+            SOAK_EVENT_QUEUE_TTL=str(self._longest_run()),
             PYTHONPATH=os.pathsep.join(
                 filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
             ),
