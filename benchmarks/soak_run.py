@@ -7,7 +7,6 @@ never mix with another's.
 
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import os
@@ -20,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 from celery import Celery
 from soak_driver import WORKER_ACTIONS, Driver
 from soak_evidence import chaos_of, runs_and_receipts
 from soak_plan import ChaosSettings, plan_chaos, plan_tasks
 from soak_producer import Producer, Shapes
+from soak_remains import BUCKET, FIFO_QUEUE, PREFIX, QUEUE, Remains
 from soak_report import Leftovers, PoolResult
 from soak_verdicts import Tally, judge, memory_verdict
 from soak_workers import BENCH_DIR, WorkerSlot, wait_ready
@@ -33,12 +32,6 @@ from soak_workers import BENCH_DIR, WorkerSlot, wait_ready
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 REPO = BENCH_DIR.parent
-PREFIX = "soak-"
-QUEUE = "tasks"
-FIFO_QUEUE = "tasks.fifo"
-BUCKET = "soak-payloads"
-#: Topics kombu makes for the events and the mailboxes, kept by design (docs/monitoring.md).
-KEPT_TOPICS = (f"{PREFIX}celeryev", f"{PREFIX}celery-pidbox")
 #: The fraction of the workers' calls that fail all along, as SQS's 5xx do now and then.
 BACKGROUND_FAILURES = 0.03
 
@@ -109,9 +102,7 @@ class PoolRun:
         self.workdir = workdir
         self.records = workdir / "records.jsonl"
         self.env = self._env()
-        self.sqs = boto3.client("sqs", **server.boto3_kwargs)
-        self.sns = boto3.client("sns", **server.boto3_kwargs)
-        self.s3 = boto3.client("s3", config=server.s3_config, **server.boto3_kwargs)
+        self.remains = Remains(server)
         concurrency = 1 if pool == "solo" else settings.concurrency
         self.slots = [
             WorkerSlot(index, pool, concurrency, self.env, workdir)
@@ -123,7 +114,7 @@ class PoolRun:
 
     def run(self) -> PoolResult:
         began = time.monotonic()
-        self._make_queues()
+        self.remains.make_queues(self.settings.lease)
         try:
             producer, reaped, leftovers = self._soak()
         finally:
@@ -160,7 +151,9 @@ class PoolRun:
             if not slot.stop(60):
                 self.driver.log("stuck", worker=slot.current and slot.current.name)
         self.driver.log("stopped")
-        leftovers = self._leftovers(producer)
+        leftovers = self.remains.leftovers(
+            [slot.node for slot in self.slots], producer.failed_tries
+        )
         self._keep_evidence()
         return producer, reaped, leftovers
 
@@ -228,7 +221,7 @@ class PoolRun:
         done = {run.task_id for run in runs if run.outcome == "ok"}
         if any(task.task_id not in done for task in producer.published):
             return False
-        return self._messages_left() == 0
+        return self.remains.messages_left() == 0
 
     def _reap(self) -> int:
         """``celery sqs-reap --delete`` while the workers run (a live worker answers its
@@ -261,51 +254,6 @@ class PoolRun:
         self.driver.log("reaped", code=done.returncode, deleted=len(deleted))
         return len(deleted)
 
-    def _leftovers(self, producer: Producer) -> Leftovers:
-        """Every queue, subscription, topic and S3 object the run did not mean to keep: its
-        two task queues and the workers' mailboxes are kept, as a stopped worker's are."""
-        queues = {
-            url.rsplit("/", 1)[1]
-            for url in self.sqs.list_queues(QueueNamePrefix=PREFIX).get("QueueUrls", [])
-        }
-        kept = {PREFIX + QUEUE, PREFIX + FIFO_QUEUE} | {
-            name for name in queues if _is_mailbox(name, [slot.node for slot in self.slots])
-        }
-        topics = [t["TopicArn"].rsplit(":", 1)[1] for t in self.sns.list_topics()["Topics"]]
-        subscriptions = [
-            f"{s['TopicArn'].rsplit(':', 1)[1]} -> {s['Endpoint'].rsplit(':', 1)[1]}"
-            for s in self.sns.list_subscriptions()["Subscriptions"]
-        ]
-        objects, orphans = self._objects_left(producer)
-        return Leftovers(
-            queues=sorted(queues - kept),
-            subscriptions=sorted(s for s in subscriptions if s.split(" -> ")[1] not in kept),
-            topics=sorted(set(topics) - set(KEPT_TOPICS)),
-            objects=objects,
-            orphans=orphans,
-            messages=self._messages_left(),
-        )
-
-    def _objects_left(self, producer: Producer) -> tuple[list[str], list[str]]:
-        """The bucket's objects, each named with its task; apart, those of a task whose
-        publish failed (the body holds the message, and its headers the task id)."""
-        objects: list[str] = []
-        orphans: list[str] = []
-        for entry in self.s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
-            body = self.s3.get_object(Bucket=BUCKET, Key=entry["Key"])["Body"].read()
-            task_id = _task_id_of(body)
-            name = f"{entry['Key']} (task {task_id})"
-            (orphans if producer.failed_tries[task_id or ""] else objects).append(name)
-        return sorted(objects), sorted(orphans)
-
-    def _messages_left(self) -> int:
-        total = 0
-        for name in (QUEUE, FIFO_QUEUE):
-            url = self.sqs.get_queue_url(QueueName=PREFIX + name)["QueueUrl"]
-            counts = self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(_COUNTS))
-            total += sum(int(counts["Attributes"][key]) for key in _COUNTS)
-        return total
-
     def _tally(self, producer: Producer) -> Tally:
         runs, receipts = runs_and_receipts(self.records)
         return judge(
@@ -330,16 +278,6 @@ class PoolRun:
             if verdict is not None:
                 verdicts.append(verdict)
         return verdicts
-
-    def _make_queues(self) -> None:
-        """Made up front, as ops teams do; the FIFO queue must be, and the bucket too."""
-        lease = str(self.settings.lease)
-        self.sqs.create_queue(QueueName=PREFIX + QUEUE, Attributes={"VisibilityTimeout": lease})
-        self.sqs.create_queue(
-            QueueName=PREFIX + FIFO_QUEUE,
-            Attributes={"FifoQueue": "true", "VisibilityTimeout": lease},
-        )
-        self.s3.create_bucket(Bucket=BUCKET)
 
     def _producer_app(self) -> Celery:
         """Publishes through the heartbeat transport; countdowns go out undelayed, so that
@@ -380,23 +318,3 @@ class PoolRun:
 
 
 _PARKED = re.compile(r"Parking task \S+\[([0-9a-f-]+)\] in SQS")
-_COUNTS = (
-    "ApproximateNumberOfMessages",
-    "ApproximateNumberOfMessagesNotVisible",
-    "ApproximateNumberOfMessagesDelayed",
-)
-
-
-def _task_id_of(body: bytes) -> str | None:
-    """The task id in a kombu SQS body: base64 of the JSON envelope, headers and all."""
-    try:
-        return str(json.loads(base64.b64decode(body))["headers"]["id"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _is_mailbox(queue: str, nodes: list[str]) -> bool:
-    """A worker's mailbox: ``soak-w1_host-celery-pidbox`` for the node ``w1@host``."""
-    return queue.endswith("-celery-pidbox") and any(
-        queue.startswith(f"{PREFIX}{node}_") for node in nodes
-    )

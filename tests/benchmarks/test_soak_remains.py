@@ -1,4 +1,4 @@
-"""The chaos soak's readings of what it finds on the server (benchmarks/soak_run.py)."""
+"""The chaos soak's readings of what it finds on the server (benchmarks/soak_remains.py)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from tests.benchmarks.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
-def soak_run() -> ModuleType:
-    return bench_module("soak_run")
+def remains() -> ModuleType:
+    return bench_module("soak_remains")
 
 
-def test_an_s3_object_is_named_by_the_task_id_in_its_message(soak_run: ModuleType) -> None:
+def test_an_s3_object_is_named_by_the_task_id_in_its_message(remains: ModuleType) -> None:
     envelope = {"body": "W1tdLCB7fV0=", "headers": {"id": "3f1c", "task": "soak_app.work"}}
     body = base64.b64encode(json.dumps(envelope).encode())
-    assert soak_run._task_id_of(body) == "3f1c"
-    assert soak_run._task_id_of(b"not base64 JSON") is None
-    assert soak_run._task_id_of(base64.b64encode(b'{"body": ""}')) is None
+    assert remains.task_id_of(body) == "3f1c"
+    assert remains.task_id_of(b"not base64 JSON") is None
+    assert remains.task_id_of(base64.b64encode(b'{"body": ""}')) is None
 
 
 @pytest.mark.parametrize(
@@ -34,5 +34,5 @@ def test_an_s3_object_is_named_by_the_task_id_in_its_message(soak_run: ModuleTyp
         ("soak-4b1c-reply-celery-pidbox", False),
     ],
 )
-def test_only_the_workers_mailboxes_are_kept(soak_run: ModuleType, queue: str, kept: bool) -> None:
-    assert soak_run._is_mailbox(queue, ["w1", "w2", "w3"]) is kept
+def test_only_the_workers_mailboxes_are_kept(remains: ModuleType, queue: str, kept: bool) -> None:
+    assert remains.is_mailbox(queue, ["w1", "w2", "w3"]) is kept
