@@ -1,4 +1,4 @@
-"""The chaos soak's short mode, as CI runs it: one pool for a minute of chaos (about 100 s
+"""The chaos soak's short mode, as CI runs it: one pool for a minute of chaos (100 to 150 s
 with start-up, drain, reaper and stop on a 2-core machine), every check passed.
 
 The verdicts' logic has unit tests (test_soak_verdicts.py); this proves the whole chain
