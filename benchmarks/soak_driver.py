@@ -168,8 +168,12 @@ class Driver:
         return None
 
     def _drop_connection(self, disruption: Disruption) -> None:
+        """SIGUSR2, once the worker is ready: before, its handler is not installed and the
+        signal's default action ends the worker (exit status -12)."""
         slot = self._slot_up(disruption, "drop_connection")
-        if slot is not None:
+        if slot is not None and not (slot.current and slot.current.ready()):
+            self.log("skipped", planned="drop_connection", slot=slot.node)
+        elif slot is not None:
             self.log("drop_connection", worker=_name(slot))
             slot.drop_connection()
 
