@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 def judge_kept(workdir: Path) -> int:
     """Judge the tasks of a finished run again from what it kept, pool by pool: the
     verdicts of a run made before a change to them (leftovers and memory are not kept)."""
+    settings = SoakSettings(minutes=0, seed=0, workdir=workdir)
     failed = False
     for pool_dir in sorted(p for p in workdir.iterdir() if (p / "published.jsonl").exists()):
         runs, receipts = runs_and_receipts(pool_dir / "records.jsonl")
@@ -72,7 +73,7 @@ def judge_kept(workdir: Path) -> int:
             published(pool_dir / "published.jsonl"),
             runs,
             receipts,
-            chaos_of(acts, SoakSettings.lease),
+            chaos_of(acts, SoakSettings.lease, settings.receive_slack),
         )
         twice = ", ".join(f"{why} {n}" for why, n in sorted(tally.duplicates_by_reason().items()))
         print(

@@ -55,6 +55,12 @@ class SoakSettings:
     memory_margin_ratio: float = 0.15
 
     @property
+    def receive_slack(self) -> float:
+        """The longest a received message may wait for Celery to see it: a solo worker's
+        running task (the longest shape), and a long poll."""
+        return self.shapes().long_seconds + 1
+
+    @property
     def chaos(self) -> ChaosSettings:
         return ChaosSettings(duration=self.minutes * 60, lease=self.lease, workers=self.workers)
 
@@ -257,7 +263,10 @@ class PoolRun:
     def _tally(self, producer: Producer) -> Tally:
         runs, receipts = runs_and_receipts(self.records)
         return judge(
-            producer.published, runs, receipts, chaos_of(self.driver.acts, self.settings.lease)
+            producer.published,
+            runs,
+            receipts,
+            chaos_of(self.driver.acts, self.settings.lease, self.settings.receive_slack),
         )
 
     def _memory(self) -> list[Any]:

@@ -74,6 +74,9 @@ class Chaos:
     #: Workers that exited by themselves: a defect the soak reports apart, named here so
     #: that the second runs it caused are told from the unexplained ones.
     crashes: Sequence[Kill] = ()
+    #: How long before Celery's ``task_received`` the worker may have received the
+    #: message from SQS: a solo worker delivers it only once its running task ends.
+    receive_slack: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,9 +169,10 @@ def explain(
     one did: it ran the task, or held its message, and never deleted it.
 
     Cut off by an outage: an outage longer than the lease began while one of the two
-    workers held the message (from its receive, or its run's start if no receive was
-    recorded, to a lease after its run's end, the longest a confirmed delete may take)
-    and before the other run started: no renewal could reach SQS for a whole lease. The
+    workers held the message (from its receive, less ``receive_slack``, or its run's
+    start if no receive was recorded, to a lease after its run's end, the longest a
+    confirmed delete may take) and before the other run started: no renewal could reach
+    SQS for a whole lease. The
     one cut off may run second: it received the message first, and kept the copy it had.
 
     Its worker died by itself: as a SIGKILL, but a defect (``Chaos.crashes``), looked at
@@ -180,7 +184,7 @@ def explain(
     for before in earlier:
         for held, other in ((before, run), (run, before)):
             took = [t for t in received.get((held.task_id, held.worker), []) if t <= held.start]
-            held_from = max(took, default=held.start)
+            held_from = max(took, default=held.start) - chaos.receive_slack
             held_until = min(held.end + chaos.lease, other.start)
             if any(
                 outage.seconds > chaos.lease and held_from <= outage.start <= held_until

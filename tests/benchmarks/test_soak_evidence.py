@@ -52,8 +52,8 @@ def test_the_driver_s_acts_give_kills_outages_and_crashes_only(evidence: ModuleT
         {"t": 5.0, "kind": "sigterm", "worker": "w2.2"},
         {"t": 6.0, "kind": "throttle", "seconds": 1.0},
     ]
-    chaos = evidence.chaos_of(acts, 8.0)
-    assert chaos.lease == 8.0
+    chaos = evidence.chaos_of(acts, 8.0, 13.0)
+    assert (chaos.lease, chaos.receive_slack) == (8.0, 13.0)
     assert [(k.worker, k.at) for k in chaos.kills] == [("w2.1", 1.0), ("w3.1", 2.0)]
     assert [(o.start, o.seconds) for o in chaos.outages] == [(3.0, 12.0)]
     assert [(c.worker, c.at) for c in chaos.crashes] == [("w1.1", 4.0)]

@@ -28,7 +28,13 @@ def judge(v: ModuleType, runs: list[Any], shape: str = "short", **chaos: Any) ->
         [v.Published("t1", shape)],
         runs,
         chaos.pop("receipts", []),
-        v.Chaos(LEASE, chaos.pop("kills", []), chaos.pop("outages", []), chaos.pop("crashes", [])),
+        v.Chaos(
+            LEASE,
+            chaos.pop("kills", []),
+            chaos.pop("outages", []),
+            chaos.pop("crashes", []),
+            chaos.pop("receive_slack", 0.0),
+        ),
     )
 
 
@@ -93,6 +99,18 @@ def test_an_outage_counts_from_the_receive_when_the_message_waited_in_the_prefet
     receipts = [v.Receipt("t1", "w2.1", 20.0), v.Receipt("t1", "w1.1", 10.0)]
     assert [d.reason for d in judge(v, runs, outages=outage).duplicates] == [None]
     explained = judge(v, runs, outages=outage, receipts=receipts)
+    assert [d.reason for d in explained.duplicates] == ["cut off by an outage"]
+
+
+def test_a_message_may_have_been_received_a_slack_before_celery_saw_it(v: ModuleType) -> None:
+    """A solo worker hands a received message to Celery once its running task ends: an
+    outage just before ``task_received`` may have cut its lease off."""
+    runs = [run(v, "w1.1", 18.5, 18.6), run(v, "w2.1", 35, 35.1)]
+    outage = [v.OutageWindow(18, LEASE * 2)]
+    receipts = [v.Receipt("t1", "w1.1", 18.4)]
+    unexplained = judge(v, runs, outages=outage, receipts=receipts)
+    assert [d.reason for d in unexplained.duplicates] == [None]
+    explained = judge(v, runs, outages=outage, receipts=receipts, receive_slack=13.0)
     assert [d.reason for d in explained.duplicates] == ["cut off by an outage"]
 
 
