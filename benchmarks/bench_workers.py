@@ -229,13 +229,22 @@ def worker_env(
 ) -> dict[str, str]:
     """What ``bench_app`` reads to serve ``queue`` (each run recorded to ``records``), with
     this folder and this copy of the package importable, and the test server's credentials."""
-    env = dict(os.environ)
-    env.update(
+    return local_server_env(
         BENCH_BROKER_URL=broker_url,
         BENCH_TRANSPORT=transport,
         BENCH_TRANSPORT_OPTIONS=json.dumps(options),
         BENCH_QUEUE=queue,
         BENCH_RECORD_FILE=str(records),
+    )
+
+
+def local_server_env(**settings: str) -> dict[str, str]:
+    """This process's environment for a worker or client of the local test server:
+    ``settings``, this folder and this copy of the package importable, the server's
+    credentials, and no proxy between them."""
+    env = dict(os.environ)
+    env.update(
+        settings,
         PYTHONPATH=os.pathsep.join(
             filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
         ),

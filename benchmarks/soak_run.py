@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import random
 import re
 import subprocess
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench_workers import local_server_env
 from celery import Celery
 from soak_driver import WORKER_ACTIONS, Driver
 from soak_evidence import chaos_of, runs_and_receipts
@@ -31,7 +31,6 @@ from soak_workers import BENCH_DIR, WorkerSlot, wait_ready
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
-REPO = BENCH_DIR.parent
 #: The fraction of the workers' calls that fail all along, as SQS's 5xx do now and then.
 BACKGROUND_FAILURES = 0.03
 
@@ -307,23 +306,13 @@ class PoolRun:
         return 2 * (self.settings.chaos.duration + self.settings.drain_guard)
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
+        return local_server_env(
             SOAK_BROKER_URL=self.server.broker_url,
             SOAK_TRANSPORT_OPTIONS=json.dumps(self.settings.transport_options()),
             SOAK_QUEUES=f"{QUEUE},{FIFO_QUEUE}",
             SOAK_RECORDS=str(self.records),
             SOAK_EVENT_QUEUE_TTL=str(self._longest_run()),
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [str(BENCH_DIR), str(REPO), env.get("PYTHONPATH")])
-            ),
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-            NO_PROXY="127.0.0.1,localhost",
-            no_proxy="127.0.0.1,localhost",
         )
-        return env
 
 
 _PARKED = re.compile(r"Parking task \S+\[([0-9a-f-]+)\] in SQS")
