@@ -231,6 +231,7 @@ class Channel(SQSChannel):
             visibility_timeout=self.options.visibility_timeout,
             threshold=self.options.visibility_extension_threshold,
             max_hold=self.options.visibility_extension_max,
+            renewed=self.options.visibility_extension,
         )
         parker = Parker(self.options, self.manager, policy)
         return ReceiveSteps(self.options, self.manager, self.lease_table, policy, parker)

@@ -57,13 +57,15 @@ class LeaseBook:
         return self._schedule.looked_at
 
     def add(self, lease: Lease) -> None:
-        """Renew ``lease`` from now on, unless it ended: an ended lease stays ended.
+        """Renew ``lease`` from now on, unless it ended or its connection renews none.
 
         A lease may end before it is added (a late answer's, released while its
         confirmation was out), and renewing it would hide a released or deleted message
-        again, for as long as the process lives.
+        again, for as long as the process lives. A lease whose connection opted out of
+        renewals is never added, whichever path asks (a delete retried after it failed):
+        the manager has no check interval for it, and the user asked for none.
         """
-        if not lease.ended:
+        if not lease.ended and lease.policy.renewed:
             self._schedule.add(lease)
 
     def end(

@@ -53,12 +53,15 @@ class LeasePolicy:
     """How one connection's leases are renewed; the shared manager mixes connections.
 
     ``threshold`` is how long before its expiry a lease is renewed; None (the default)
-    leaves that to the book's :class:`AdaptiveMargin`.
+    leaves that to the book's :class:`AdaptiveMargin`. ``renewed`` False is a connection
+    that opted out of renewals (``visibility_extension`` off): its leases are deleted or
+    released, never renewed, not even while their delete is being retried.
     """
 
     visibility_timeout: int
     threshold: float | None = None
     max_hold: float | None = None
+    renewed: bool = True
 
     @property
     def hold_limit(self) -> float:

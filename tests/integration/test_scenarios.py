@@ -71,6 +71,31 @@ def test_opting_out_brings_back_the_stock_redelivery(bed: Bed) -> None:
     )
 
 
+def test_opting_out_renews_nothing_while_a_delete_is_retried(bed: Bed) -> None:
+    """A CI failure of the test above: a delete retried after a failure took its lease
+    into the renewal schedule, renewed it against the opt-out, and killed the renewal
+    thread (``OverflowError``: it was owed a check every ``inf`` seconds).
+
+    The deletes fail for longer than the lease: the message comes back meanwhile, and is
+    deleted by its new receipt, not run again.
+    """
+    task_id = bed.send("busy", "quick", 0)
+    options = {"visibility_timeout": LEASE, "visibility_extension": False}
+    with worker(bed, "threads", 1, options=options) as process:
+        bed.server.outage(2 * LEASE, "server_error", ["DeleteMessageBatch"])
+        bed.wait_for_executions(1, timeout=30)
+        left = no_copy_left(bed, guard=60)
+        log = process.log
+    assert left["drained"], left
+    assert bed.runs_per_task() == {task_id: 1}
+    assert "Exception in thread" not in log, log
+    assert [
+        e
+        for e in bed.server.events()
+        if e["queue"] == bed.queue and e["action"] == "change_visibility"
+    ] == []
+
+
 def test_failed_task_is_released_at_once_and_dead_lettered_after_max_receives(bed: Bed) -> None:
     # With a 30 s lease, a redelivery within seconds can only come from the release.
     bed.create_queue(visibility_timeout=30, max_receive_count=3)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -603,6 +603,20 @@ def test_resume_takes_back_neither_an_ended_lease_nor_a_held_one_twice() -> None
     book.resume(held)
 
     assert list(book) == [held]
+
+
+def test_a_lease_of_a_connection_without_renewals_is_never_renewed_even_after_a_failed_delete() -> (
+    None
+):
+    """The review of a flaky CI run: a retried delete took such a lease into the schedule,
+    where the manager, given no check interval, slept forever and its thread died."""
+    lease = make_lease("q", policy=replace(POLICY, renewed=False))
+    book = book_of(lease)
+    book.suspend(lease)  # its delete went out
+    book.resume(lease)  # and failed
+
+    assert list(book) == []
+    assert book.due_batches(1_000) == []
 
 
 def test_end_twice_is_harmless() -> None:

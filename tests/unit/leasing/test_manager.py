@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from celery_sqs_heartbeat.leasing.reporting import SUMMARY_INTERVAL
 from celery_sqs_heartbeat.leasing.schedule import LOOKS_PER_BATCH
 from celery_sqs_heartbeat.monitoring.metrics import LeaseMetrics
 from celery_sqs_heartbeat.process import ProcessState
-from tests.unit.conftest import BEYOND_THE_LIMIT, FakeClock, FakeQueue, make_lease
+from tests.unit.conftest import BEYOND_THE_LIMIT, POLICY, FakeClock, FakeQueue, make_lease
 
 MANAGER_LOGGER = "celery_sqs_heartbeat.leasing.manager"
 INTERVAL = 1.0
@@ -833,6 +834,30 @@ def test_an_unacked_lease_s_delete_without_renewals_still_goes_out(
 
     assert queue.deletes == [[lease]]
     assert queue.calls == []
+
+
+def test_a_failed_delete_without_renewals_is_retried_and_its_lease_never_renewed(
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    queue: FakeQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a flaky CI run: the retried delete's lease went into the renewal schedule,
+    and was renewed although the user opted out; with no delete left to retry, the
+    thread, owed a check every ``inf`` seconds, died (OverflowError) at each start."""
+    lease = make_lease(queue, policy=replace(POLICY, renewed=False))  # lease ends at 30
+    queue.delete_default = (EntryResult.TRANSIENT, "InternalError: later")
+    manager.delete(lease, wait=0)
+
+    run_as_the_thread(manager, clock, until=25, monkeypatch=monkeypatch)
+    queue.delete_default = (EntryResult.OK, "")
+    run_as_the_thread(manager, clock, until=40, monkeypatch=monkeypatch)
+
+    assert queue.calls == []  # never renewed, though due from 20 s
+    assert len(queue.deletes) > 2
+    assert len(manager) == 0
+    with manager._state.lock:
+        assert manager._sleep_time() is None  # nothing owed: asleep until woken
 
 
 def test_a_message_received_again_before_its_delete_landed_is_deleted_by_the_new_receipt(
