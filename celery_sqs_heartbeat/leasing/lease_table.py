@@ -77,7 +77,7 @@ class LeaseTable:
             for table in (self._delivered, self._received):
                 held = table.get(tag)
                 if held is not None:
-                    lease.task_id, lease.task_name = held.task_id, held.task_name
+                    lease.take_over(held)
                     table[tag] = lease
                     return held
             return None

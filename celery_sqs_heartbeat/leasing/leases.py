@@ -180,6 +180,16 @@ class Lease:
             deadline = min(deadline, until)
         return max(0, min(wanted, math.floor(deadline - now)))
 
+    def take_over(self, replaced: Lease) -> None:
+        """This new receive of ``replaced``'s message carries on in its place.
+
+        SQS hands a message out again once its lease lapsed, maybe to the worker that
+        holds or acked it: what that worker knew of the message (its task, and whether a
+        fresh copy shares its S3 object) now belongs to this receipt.
+        """
+        self.task_id, self.task_name = replaced.task_id, replaced.task_name
+        self.copied = replaced.copied
+
     def describe(self) -> str:
         return f"task {self.task_name or '?'}[{self.task_id or '?'}]"
 

@@ -193,24 +193,24 @@ class VisibilityExtensionManager:
         """
         self._send_later([Outgoing(lease, Request.DELETE)], wait)
 
-    def redirect_delete(self, lease: Lease) -> bool:
+    def redirect_delete(self, lease: Lease) -> Lease | None:
         """If ``lease`` is a new receive of a message acked here, delete it by this receipt.
 
-        True if its delete was pending or just confirmed: the message must not run again.
-        A message copied with its S3 pointer keeps its object, by this receipt too.
+        Returns the lease acked, if its delete was pending or just confirmed: the message
+        must not run again. A message copied with its S3 pointer keeps its object, by
+        this receipt too.
         """
         state = self._state
         with state.lock:
             replaced = state.outbox.redirect_delete(lease, self.clock())
             if replaced is None:
-                return False
+                return None
             state.book.end(replaced)
-            lease.task_id, lease.task_name = replaced.task_id, replaced.task_name
-            lease.copied = replaced.copied
+            lease.take_over(replaced)
             state.report.leases_held(len(state.book))
             self._wake_if_due_sooner()
         self._ensure_thread()
-        return True
+        return replaced
 
     def release(self, leases: Iterable[tuple[Lease, int]], reason: str, wait: float = 0) -> None:
         """Stop renewing these leases and make their messages visible after each delay.

@@ -52,6 +52,17 @@ class ObjectCleanup:
         with self._lock:
             self._objects[lease] = owned
 
+    def moved(self, replaced: Lease, lease: Lease) -> None:
+        """``lease``, a new receive of ``replaced``'s message, deletes it: the object goes with it.
+
+        The new receive's body is not read again (the message is known here), so
+        nothing else would remember the object for it.
+        """
+        with self._lock:
+            owned = self._objects.pop(replaced, None)
+            if owned is not None:
+                self._objects[lease] = owned
+
     def deleted(self, client_source: Callable[[], BaseClient], leases: Iterable[Lease]) -> None:
         """SQS confirmed these deletes: their messages' objects go, in DeleteObjects calls.
 

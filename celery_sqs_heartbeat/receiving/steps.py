@@ -40,6 +40,7 @@ from ..leasing.lease_table import LeaseTable
 from ..leasing.leases import EntryResult, Lease, LeasePolicy
 from ..leasing.manager import VisibilityExtensionManager
 from ..options import HeartbeatOptions
+from ..process import this_process
 from .redelivery import receive_count
 
 __all__ = ["ReceiveSteps", "Received"]
@@ -208,6 +209,7 @@ class ReceiveSteps:
             replaced = self.lease_table.adopt(lease)
             if replaced is not None:
                 self.manager.end(replaced)
+                this_process().s3_cleanup.moved(replaced, lease)
                 logger.warning(
                     "SQS delivered message %s again while this worker still holds it (%s); "
                     "it is not run twice here, and its lease continues on the new receipt",
@@ -215,7 +217,9 @@ class ReceiveSteps:
                     replaced.describe(),
                 )
                 return True
-        if self.manager.redirect_delete(lease):
+        acked = self.manager.redirect_delete(lease)
+        if acked is not None:
+            this_process().s3_cleanup.moved(acked, lease)
             logger.warning(
                 "SQS delivered message %s again after this worker acked it (%s); it is "
                 "deleted by the new receipt, not run again",

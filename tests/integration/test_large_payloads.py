@@ -20,7 +20,7 @@ import boto3
 import pytest
 from celery import Celery, chain
 
-from tests.integration.harness import REPO, Bed, assert_queue_empty, settle, worker
+from tests.integration.harness import REPO, Bed, assert_queue_empty, no_copy_left, settle, worker
 from tests.integration.sqs_reads import dead_lettered
 
 #: Over SQS's 1 MiB once kombu base64-encodes it.
@@ -346,3 +346,35 @@ def test_a_chain_of_large_tasks_goes_through_s3_at_every_link(bed: Bed) -> None:
     ], log
     assert bed.server.calls()["s3:PutObject"] == 1  # the second link, by the worker
     assert gone
+
+
+@pytest.mark.parametrize("when", ["acked", "running"])
+def test_a_message_received_again_keeps_its_object_until_the_new_receipts_delete(
+    bed: Bed, when: str
+) -> None:
+    """Found by the chaos soak (issue 33): SQS hands a message out again once its lease
+    lapsed (every renewal failing), to the worker that acked it or still runs it. The
+    delete goes by the new receipt, and the object, remembered for the old one, was
+    never deleted."""
+    bucket = new_bucket(bed)
+    lease = 3
+    bed.create_queue(visibility_timeout=lease)
+    small = options(bucket, visibility_timeout=lease, large_payload_threshold=1024)
+    seconds = 0.1 if when == "acked" else 4 * lease
+    task_id = bed.send("busy", when, seconds, "x" * 5000, transport_options=small)
+    lapsing = ["ChangeMessageVisibilityBatch"]
+    if when == "acked":
+        lapsing.append("DeleteMessageBatch")
+    with worker(bed, "threads", 2, options=small) as process:
+        bed.server.outage(2 * lease + 1, "server_error", lapsing)
+        bed.wait_for_executions(1, timeout=30)
+        left = no_copy_left(bed, guard=60)
+        gone = settle(lambda: not objects(bed, bucket))
+        log = process.log
+    seen_again = (
+        "after this worker acked it" if when == "acked" else "while this worker still holds it"
+    )
+    assert seen_again in log, log  # the message did come back to its worker
+    assert left["drained"], left
+    assert bed.runs_per_task() == {task_id: 1}, log
+    assert gone, objects(bed, bucket)

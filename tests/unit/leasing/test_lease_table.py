@@ -45,6 +45,19 @@ def test_a_redelivery_of_a_delivered_message_takes_the_old_lease_s_place() -> No
     assert table.adopt(received("rh-3")) is None  # let go: a new receive is a new message
 
 
+def test_a_redelivery_of_a_copied_message_keeps_its_object_for_the_copy() -> None:
+    """A parked task's fresh copy shares the S3 object: the delete by the new receipt
+    must leave it, as the old one's would have."""
+    table = LeaseTable()
+    first = received("rh-1")
+    first.copied = True
+    table.admit(first)
+    again = received("rh-2")
+
+    assert table.adopt(again) is first
+    assert again.copied
+
+
 def test_a_redelivery_before_delivery_replaces_the_received_lease() -> None:
     table = LeaseTable()
     first = received("rh-1")

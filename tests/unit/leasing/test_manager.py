@@ -869,7 +869,7 @@ def test_a_message_received_again_before_its_delete_landed_is_deleted_by_the_new
     again = tracked(manager, queue, receipt_handle="rh-again")
     again.message_id = "m-1"
 
-    assert manager.redirect_delete(again) is True
+    assert manager.redirect_delete(again) is acked
 
     assert (again.task_id, again.task_name) == ("t-1", "tasks.crunch")
     assert len(manager) == 1  # the new receive's lease, renewed until the delete lands
@@ -892,7 +892,7 @@ def test_a_message_received_again_just_after_its_delete_landed_is_deleted_again(
     again = tracked(manager, queue, receipt_handle="rh-again")
     again.message_id = "m-1"
 
-    assert manager.redirect_delete(again) is True
+    assert manager.redirect_delete(again) is acked
 
     assert (again.task_id, again.task_name) == ("t-1", "tasks.crunch")
     manager.check()
@@ -911,7 +911,7 @@ def test_a_copied_message_received_again_before_its_delete_landed_keeps_its_s3_o
     again = tracked(manager, queue, receipt_handle="rh-again")
     again.message_id = "m-1"
 
-    assert manager.redirect_delete(again) is True
+    assert manager.redirect_delete(again) is copied
 
     assert again.copied
 
@@ -922,7 +922,7 @@ def test_a_message_never_acked_here_is_not_redirected(
     fresh = tracked(manager, queue)
     fresh.message_id = "m-9"
 
-    assert manager.redirect_delete(fresh) is False
+    assert manager.redirect_delete(fresh) is None
 
 
 def test_flush_sends_every_pending_delete_and_release_now(

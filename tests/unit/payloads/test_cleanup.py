@@ -51,3 +51,24 @@ def test_the_objects_of_deleted_messages_go_without_holding_the_sqs_delete(
     assert returned_at_once
     assert s3.deleted.wait(5)
     assert s3.keys == ["k-1"]
+
+
+def test_an_object_moves_to_the_new_receipt_that_deletes_its_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the chaos soak: a message received again after its lease lapsed is
+    deleted by its new receipt, and the object, remembered for the old one, stayed."""
+    s3 = SlowS3()
+    s3.answer.set()
+    clients = DerivedClients()
+    monkeypatch.setattr(clients, "s3", lambda _: s3)
+    cleanup = ObjectCleanup(clients)
+    first, again = make_lease("jobs"), make_lease("jobs", receipt_handle="rh-again")
+    cleanup.remember(first, (S3Pointer("tasks", "k-1"), None))
+
+    cleanup.moved(first, again)
+    cleanup.deleted(lambda: object(), [first])
+    cleanup.deleted(lambda: object(), [again])
+
+    assert s3.deleted.wait(5)
+    assert s3.keys == ["k-1"]
