@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from botocore.client import BaseClient
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+)
 from celery.utils.log import get_logger
 
 from ..publishing.book import SendOutcome
@@ -27,7 +32,7 @@ from .sqs_facts import (
     error_code,
 )
 
-__all__ = ["MessageLimits", "send_message_batch"]
+__all__ = ["MessageLimits", "may_have_arrived", "send_message_batch"]
 
 logger = get_logger(__name__)
 
@@ -108,8 +113,19 @@ def send_message_batch(
             return _in_halves(client, queue_url, entries)
         return dict.fromkeys(range(len(entries)), (outcome, f"{code}: {error.get('Message', '')}"))
     except (BotoCoreError, OSError) as exc:
-        return dict.fromkeys(range(len(entries)), (SendOutcome.RETRY, repr(exc)))
+        outcome = SendOutcome.UNANSWERED if may_have_arrived(exc) else SendOutcome.RETRY
+        return dict.fromkeys(range(len(entries)), (outcome, repr(exc)))
     return _entry_results(response)
+
+
+def may_have_arrived(exc: BaseException) -> bool:
+    """Whether a call that got ``exc`` instead of an answer may still have been made.
+
+    Only a connection never made (refused, unresolved, timed out while connecting)
+    proves the request never left; after a read timeout or a connection closed
+    mid-call, SQS may have done what was asked and its answer was lost.
+    """
+    return not isinstance(exc, (EndpointConnectionError, ConnectTimeoutError))
 
 
 def _refuses_any(code: str) -> bool:
@@ -122,7 +138,7 @@ def _in_halves(client: BaseClient, queue_url: str, entries: Sequence[dict[str, A
     """``entries`` sent as two calls, in order, answered by index into ``entries``."""
     middle = len(entries) // 2
     results = send_message_batch(client, queue_url, entries[:middle])
-    if any(outcome is SendOutcome.RETRY for outcome, _ in results.values()):
+    if any(outcome.worth_another_try for outcome, _ in results.values()):
         return results
     later = send_message_batch(client, queue_url, entries[middle:])
     results.update({middle + index: result for index, result in later.items()})

@@ -23,7 +23,7 @@ from ..aws.clients import DerivedClients
 from ..leasing.leases import Lease
 from .pointers import FailureStreak, S3Pointer
 
-__all__ = ["S3_DELETE_BATCH", "ObjectCleanup", "Owned", "error_name", "owned_by"]
+__all__ = ["S3_DELETE_BATCH", "ObjectCleanup", "Owned", "by_bucket", "error_name", "owned_by"]
 
 logger = get_logger(__name__)
 
@@ -94,7 +94,7 @@ class ObjectCleanup:
             client_source, owned = self._waiting.get()
             try:
                 s3 = self._clients.s3(client_source())
-                for (bucket, owner), keys in _by_bucket(owned).items():
+                for (bucket, owner), keys in by_bucket(owned).items():
                     for start in range(0, len(keys), S3_DELETE_BATCH):
                         self._delete(s3, bucket, owner, keys[start : start + S3_DELETE_BATCH])
             except Exception:
@@ -140,7 +140,8 @@ def error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _by_bucket(owned: Iterable[Owned]) -> Mapping[tuple[str, str | None], list[str]]:
+def by_bucket(owned: Iterable[Owned]) -> Mapping[tuple[str, str | None], list[str]]:
+    """The keys by bucket and owner: one DeleteObjects call deletes keys of one bucket."""
     keys: defaultdict[tuple[str, str | None], list[str]] = defaultdict(list)
     for pointer, owner in owned:
         keys[pointer.bucket, owner].append(pointer.key)

@@ -4,7 +4,9 @@ Sending: every message kombu publishes (``delay()``, ``apply_async``, retries, c
 the worker's own publishing) goes out through the channel's ``_put`` and the queue's SQS
 client; a botocore hook on that client's SendMessage
 (:meth:`~celery_sqs_heartbeat.payloads.store.PayloadStore.offload`) moves a large body to
-S3 and sends the pointer instead. Smaller messages are not touched.
+S3 and sends the pointer instead (:mod:`celery_sqs_heartbeat.payloads.sending`, which
+also deletes the object if SQS does not take the message). Smaller messages are not
+touched.
 
 Receiving (step 3 of :mod:`celery_sqs_heartbeat.receiving.steps`): a pointer is replaced
 by its object's body after the lease was born, so the lease covers the S3 read, and
@@ -29,7 +31,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from botocore.client import BaseClient
@@ -40,6 +41,7 @@ from kombu.transport import SQS
 from ..compat import LoopWaker
 from ..receiving.steps import Received
 from .pointers import S3Pointer, pointer_in, size_in, unavailable_release_delay
+from .sending import offload_on_send
 from .store import PayloadRefused, PayloadStore, PayloadUnavailable
 
 if TYPE_CHECKING:
@@ -116,11 +118,7 @@ class PayloadReader:
     def offload_large_bodies(self, client: BaseClient) -> None:
         """Make ``client``'s SendMessage send a large body through S3, if the options say so."""
         if self.store.options is not None:
-            client.meta.events.register(
-                "provide-client-params.sqs.SendMessage",
-                partial(self.store.offload, client),
-                unique_id="celery_sqs_heartbeat.large_payloads",
-            )
+            offload_on_send(client, self.store)
 
     def read_bodies_now(self, batch: list[Received], queue_name: str) -> list[Received]:
         """Step 3 on the blocking path: the batch with its bodies read, inline."""

@@ -21,7 +21,7 @@ from celery.utils.log import get_logger
 
 from ..leasing.leases import Lease
 from ..process import this_process
-from .cleanup import error_name, owned_by
+from .cleanup import Owned, error_name, owned_by
 from .options import LargePayloadOptions, PayloadAccess
 from .pointers import (
     FailureStreak,
@@ -68,25 +68,23 @@ class PayloadStore:
         self._reads = FailureStreak()
 
     def offload(
-        self,
-        sqs_client: BaseClient,
-        params: dict[str, Any],
-        queue_url: str | None = None,
-        **_: Any,
-    ) -> None:
-        """botocore's ``provide-client-params`` hook of SendMessage: large bodies go to S3.
+        self, sqs_client: BaseClient, params: dict[str, Any], queue_url: str | None = None
+    ) -> Owned | None:
+        """A SendMessage's (or a batch entry's) large body put in S3, the pointer in its place.
 
-        A body at or under the threshold is left as it is, byte for byte. A failed put
+        Returns the object put, for the caller to delete if SQS does not take the
+        message (:mod:`celery_sqs_heartbeat.payloads.orphans`); None if nothing was. A
+        body at or under the threshold is left as it is, byte for byte. A failed put
         raises to the producer, like a failed send: nothing was sent. ``queue_url``: for a
         batch entry, which has no ``QueueUrl`` of its own.
         """
         body = params.get("MessageBody")
         attributes = params.get("MessageAttributes") or {}
         if self.options is None or not isinstance(body, str):
-            return
+            return None
         size = message_size(body, attributes)
         if not should_offload(size, self.options.threshold):
-            return
+            return None
         pointer = S3Pointer(self.options.bucket, new_key(self.options.prefix))
         encoded = body.encode("utf-8")
         owner = self.access.owner_for(queue_url or params.get("QueueUrl"))
@@ -99,6 +97,7 @@ class PayloadStore:
         )
         params["MessageBody"] = pointer.body()
         params["MessageAttributes"] = {**attributes, **size_attribute(len(encoded))}
+        return pointer, owner
 
     def fetch(
         self,

@@ -18,7 +18,10 @@ leaves its message here, and the scope's sending threads take calls out:
 - an entry SQS did not take for a reason worth another try (throttling, its own fault,
   no answer) goes back in its place, to be tried again after a backoff that doubles
   from :data:`RETRY_FIRST_DELAY` up to :data:`RETRY_MAX_DELAY`, :data:`MAX_ATTEMPTS`
-  times in all; then it is given up, as is one SQS refused for good.
+  times in all; then it is given up, as is one SQS refused for good;
+- an entry given up whose every try SQS answered (or that never reached it) is surely
+  not in SQS: the S3 object put for its body has no message pointing at it
+  (:meth:`PublishSettlement.orphaned_objects`).
 
 Like :mod:`celery_sqs_heartbeat.leasing.outbox`, whose model this follows, nothing here is
 thread-safe or does I/O: the publisher holds its lock around every call and makes the
@@ -31,9 +34,12 @@ import bisect
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..aws.sqs_facts import SQS_BATCH_SIZE, SQS_MAX_BATCH_SEND_SIZE
+
+if TYPE_CHECKING:
+    from ..payloads.cleanup import Owned
 
 #: A FIFO message group of one queue: (queue URL, MessageGroupId).
 GroupKey = tuple[str, str]
@@ -63,10 +69,17 @@ class SendOutcome(Enum):
     """What came of one entry of a SendMessageBatch call."""
 
     SENT = "sent"
-    #: Not taken now, worth another try: throttled, SQS's own fault, or no answer.
+    #: Not taken now, worth another try: throttled, SQS's own fault, never sent.
     RETRY = "retry"
+    #: No answer (a timeout, a broken connection): worth another try, and SQS may
+    #: have taken the message meanwhile.
+    UNANSWERED = "unanswered"
     #: Refused for good: sending the same message again would be refused again.
     REFUSED = "refused"
+
+    @property
+    def worth_another_try(self) -> bool:
+        return self in (SendOutcome.RETRY, SendOutcome.UNANSWERED)
 
 
 @dataclass(eq=False)
@@ -94,6 +107,10 @@ class Unsent:
     #: Not before this time: the backoff after a failed try.
     not_before: float = 0.0
     attempts: int = 0
+    #: The S3 object its body was put in, if it was too large for SQS.
+    put_object: Owned | None = field(default=None, kw_only=True)
+    #: Some try got no answer: SQS may hold the message, whatever came of later tries.
+    maybe_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,19 @@ class PublishSettlement:
     retried: list[tuple[Unsent, str]] = field(default_factory=list)
     #: Refused for good, or still failing after :data:`MAX_ATTEMPTS` tries.
     given_up: list[tuple[Unsent, str]] = field(default_factory=list)
+
+    def orphaned_objects(self) -> list[Owned]:
+        """The S3 objects of the entries given up that SQS surely does not hold.
+
+        No message will ever point at them: each is to be deleted now, or it stays
+        until the bucket's lifecycle rule. One whose entry once got no answer is kept:
+        SQS may hold that message, which needs its object.
+        """
+        return [
+            item.put_object
+            for item, _ in self.given_up
+            if item.put_object is not None and not item.maybe_sent
+        ]
 
 
 def retry_delay(attempts: int) -> float:
@@ -198,7 +228,7 @@ class PublishBook:
     ) -> PublishSettlement:
         """Apply SQS's answer to ``batch`` (by entry index); ``now`` is when it arrived.
 
-        An entry with no answer counts as one worth another try.
+        An entry with no answer counts as one worth another try, that SQS may have taken.
         """
         settlement = PublishSettlement()
         self._in_flight -= len(batch.entries)
@@ -206,10 +236,11 @@ class PublishBook:
             if item.group is not None:
                 self._groups_on_the_wire.discard((item.queue, item.group))
             item.attempts += 1
-            outcome, reason = results.get(index, (SendOutcome.RETRY, "no answer"))
+            outcome, reason = results.get(index, (SendOutcome.UNANSWERED, "no answer"))
+            item.maybe_sent = item.maybe_sent or outcome is SendOutcome.UNANSWERED
             if outcome is SendOutcome.SENT:
                 settlement.sent.append(item)
-            elif outcome is SendOutcome.RETRY and item.attempts < MAX_ATTEMPTS:
+            elif outcome.worth_another_try and item.attempts < MAX_ATTEMPTS:
                 item.not_before = item.due_at = now + retry_delay(item.attempts)
                 self._put_back(item)
                 settlement.retried.append((item, reason))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from botocore.client import BaseClient
@@ -24,6 +25,7 @@ from celery.utils.log import get_logger
 
 from ..aws.clients import MAX_PUBLISH_CALLS_IN_FLIGHT, DerivedClients
 from ..aws.sqs_send import send_message_batch
+from ..payloads.orphans import discard
 from ..payloads.pointers import FailureStreak
 from .book import PublishBatch, PublishBook, PublishSettlement, Unsent
 
@@ -54,6 +56,8 @@ class PublishingFailed(Exception):
     again, except after "no answer" or a network error on a standard queue: SQS may
     then have taken the message without saying so, and sending it again may run the
     task twice (a FIFO queue deduplicates it, by its deduplication id, for 5 minutes).
+    The S3 object of a large body is deleted before this is raised, unless SQS may hold
+    its message.
     """
 
     def __init__(self, reasons: dict[str, str]) -> None:
@@ -208,6 +212,9 @@ class BatchPublisher:
     def _settle(self, batch: PublishBatch, results: Any, reason: str) -> None:
         with self._lock:
             settlement = self._book.settle(batch, results, self.clock())
+            self._lock.notify_all()
+        self._discard_orphans(batch, settlement)
+        with self._lock:
             confirmed = self._account(settlement)
             self._lock.notify_all()
         self._report(settlement, reason)
@@ -216,6 +223,19 @@ class BatchPublisher:
                 on_confirmed(task_ids)
             except Exception:
                 logger.exception("on_confirmed of a batch-publishing scope failed")
+
+    def _discard_orphans(self, batch: PublishBatch, settlement: PublishSettlement) -> None:
+        """The S3 objects of entries given up, that SQS surely does not hold, deleted.
+
+        Before the scopes hear of them, outside the lock: a producer that ends on its
+        :class:`PublishingFailed` leaves no object behind, and the other sending threads
+        go on meanwhile.
+        """
+        orphans = settlement.orphaned_objects()
+        if orphans:
+            target = batch.target
+            assert isinstance(target, SendTarget)
+            discard(partial(self._clients.s3, target.client), orphans)
 
     def _account(self, settlement: PublishSettlement) -> list[tuple[OnConfirmed, list[str]]]:
         """Under the lock: each scope's pending count and failures; who to tell what."""

@@ -9,7 +9,8 @@ parameters, less the queue URL, become the message's SendMessageBatch entry, and
 client and URL its target. A body too large for SQS goes to S3 first, as a SendMessage's
 would (:meth:`~celery_sqs_heartbeat.payloads.store.PayloadStore.offload`), so the entry
 is sized as SQS will count it, against its queue's ``MaximumMessageSize``
-(:meth:`~celery_sqs_heartbeat.aws.sqs_send.MessageLimits.of`). Outside a scope of the
+(:meth:`~celery_sqs_heartbeat.aws.sqs_send.MessageLimits.of`), and the entry carries
+the object put, which goes if SQS does not take the message. Outside a scope of the
 publishing thread's own nothing changes. The channel's ``_put`` and ``sqs`` call in here.
 """
 
@@ -96,8 +97,7 @@ class Sender:
         """The caught SendMessage as a batch entry, its body in S3 first if too large."""
         entry = dict(params)
         queue_url = entry.pop("QueueUrl")
-        if self._store.options is not None:
-            self._store.offload(client, entry, queue_url=queue_url)
+        put = self._store.offload(client, entry, queue_url=queue_url)
         fifo = is_fifo(self._canonical_queue_name(queue))
         return Unsent(
             task_id=_task_id(message),
@@ -109,6 +109,7 @@ class Sender:
             call_limit=this_process().message_limits.of(
                 this_process().clients.publish(client), queue_url
             ),
+            put_object=put,
         )
 
 

@@ -7,11 +7,16 @@ from typing import Any
 
 import pytest
 from botocore.client import BaseClient
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 from botocore.stub import Stubber
 
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_MAX_MESSAGE_SIZE
-from celery_sqs_heartbeat.aws.sqs_send import MessageLimits, send_message_batch
+from celery_sqs_heartbeat.aws.sqs_send import MessageLimits, may_have_arrived, send_message_batch
 from celery_sqs_heartbeat.process import this_process
 from celery_sqs_heartbeat.publishing.book import SendOutcome
 
@@ -129,6 +134,50 @@ def test_a_network_fault_is_a_retry_for_every_entry_never_raised_and_tried_once(
         events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
     assert {kind for kind, _ in results.values()} == {SendOutcome.RETRY}
     assert len(results) == 3 and len(attempts) == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome"),
+    [
+        (EndpointConnectionError(endpoint_url=QUEUE_URL), SendOutcome.RETRY),
+        (ConnectTimeoutError(endpoint_url=QUEUE_URL), SendOutcome.RETRY),
+        (ReadTimeoutError(endpoint_url=QUEUE_URL), SendOutcome.UNANSWERED),
+        (ConnectionClosedError(endpoint_url=QUEUE_URL), SendOutcome.UNANSWERED),
+    ],
+)
+def test_a_fault_after_the_request_left_is_unanswered_one_before_a_plain_retry(
+    publish: BaseClient, fault: Exception, outcome: SendOutcome
+) -> None:
+    """After a read timeout or a connection closed mid-call SQS may have taken the
+    messages: their S3 objects must stay even if the entries are given up later."""
+
+    def fail(**_: Any) -> None:
+        raise fault
+
+    events = publish.meta.events
+    events.register("before-send.sqs.SendMessageBatch", fail, unique_id="network-fault")
+    try:
+        results = send_message_batch(publish, QUEUE_URL, ENTRIES)
+    finally:
+        events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
+    assert {kind for kind, _ in results.values()} == {outcome}
+    assert outcome.worth_another_try
+
+
+@pytest.mark.parametrize(
+    ("fault", "arrived"),
+    [
+        (EndpointConnectionError(endpoint_url=QUEUE_URL), False),
+        (ConnectTimeoutError(endpoint_url=QUEUE_URL), False),
+        (ReadTimeoutError(endpoint_url=QUEUE_URL), True),
+        (ConnectionClosedError(endpoint_url=QUEUE_URL), True),
+        (ConnectionResetError(), True),
+    ],
+)
+def test_only_a_connection_never_made_proves_the_request_never_arrived(
+    fault: Exception, arrived: bool
+) -> None:
+    assert may_have_arrived(fault) is arrived
 
 
 def request_of(*indexes: int) -> dict[str, Any]:

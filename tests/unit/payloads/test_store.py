@@ -39,7 +39,7 @@ def s3(process_state: ProcessState, monkeypatch: pytest.MonkeyPatch) -> FakeS3:
 def test_a_body_at_the_threshold_is_sent_as_it_is(s3: FakeS3) -> None:
     store = PayloadStore(LargePayloadOptions("tasks", threshold=10))
     params = {"QueueUrl": "q", "MessageBody": "x" * 10}
-    store.offload(object(), params)  # type: ignore[arg-type]
+    assert store.offload(object(), params) is None  # type: ignore[arg-type]
     assert params == {"QueueUrl": "q", "MessageBody": "x" * 10}
     assert s3.puts == []
 
@@ -169,9 +169,11 @@ def test_every_s3_call_names_the_bucket_owner_and_puts_are_encrypted(
     store = PayloadStore(options, PayloadAccess(frozenset({"payloads"})))
     calls.stub.add_response("put_object", {})
     params = {"QueueUrl": AWS_QUEUE, "MessageBody": "xx"}
-    store.offload(aws_sqs, params)
+    put = store.offload(aws_sqs, params)
     pointer = pointer_in(params["MessageBody"])
     assert pointer is not None
+    # The object and owner put, for the sender to delete if SQS does not take the message.
+    assert put == (pointer, OWNER)
     calls.get_answer(b"xx")
     assert store.fetch(aws_sqs, pointer, queue_url=AWS_QUEUE) == "xx"
     lease = make_lease("jobs")

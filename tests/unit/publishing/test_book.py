@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery_sqs_heartbeat.aws.sqs_facts import SQS_MAX_BATCH_SEND_SIZE
+from celery_sqs_heartbeat.payloads.pointers import S3Pointer
 from celery_sqs_heartbeat.publishing.book import (
     MAX_ATTEMPTS,
     RETRY_FIRST_DELAY,
@@ -169,6 +170,44 @@ def test_a_refused_entry_is_given_up_at_once_and_a_failing_one_after_its_last_tr
         settlement = book.settle(batch, answer(batch, SendOutcome.RETRY, "Throttling"), now)
     assert [(item.task_id, why) for item, why in settlement.given_up] == [("failing", "Throttling")]
     assert len(book) == 0
+
+
+def offloaded(task_id: str) -> Unsent:
+    item = message(task_id)
+    item.put_object = (S3Pointer("bucket", f"key-{task_id}"), None)
+    return item
+
+
+def test_the_objects_of_entries_given_up_unsent_are_orphans_those_sent_are_not() -> None:
+    book = book_of(offloaded("refused"), offloaded("sent"), message("small"), offloaded("later"))
+    batch = book.take_batch(WAIT)
+    assert batch is not None
+    results = {
+        0: (SendOutcome.REFUSED, "InvalidMessageContents: no"),
+        1: (SendOutcome.SENT, ""),
+        2: (SendOutcome.REFUSED, "InvalidMessageContents: no"),
+        3: (SendOutcome.RETRY, "InternalError: no"),
+    }
+    settlement = book.settle(batch, results, WAIT)
+    assert settlement.orphaned_objects() == [(S3Pointer("bucket", "key-refused"), None)]
+
+
+def test_an_entry_that_once_got_no_answer_keeps_its_object_whatever_comes_after() -> None:
+    """SQS may hold that message: its object is all a worker will have of its body."""
+    book = book_of(offloaded("a"), offloaded("b"))
+    now = WAIT
+    batch = book.take_batch(now)
+    assert batch is not None
+    # "b" has no answer at all: the book counts it as unanswered too.
+    settlement = book.settle(batch, {0: (SendOutcome.UNANSWERED, "ReadTimeoutError")}, now)
+    assert [item.task_id for item, _ in settlement.retried] == ["a", "b"]
+    for _ in range(MAX_ATTEMPTS - 1):
+        now += RETRY_MAX_DELAY
+        batch = book.take_batch(now)
+        assert batch is not None
+        settlement = book.settle(batch, answer(batch, SendOutcome.RETRY, "InternalError"), now)
+    assert [item.task_id for item, _ in settlement.given_up] == ["a", "b"]
+    assert settlement.orphaned_objects() == []
 
 
 def test_hurry_makes_every_waiting_message_due_but_keeps_a_backoff() -> None:
