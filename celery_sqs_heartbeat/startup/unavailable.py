@@ -10,11 +10,10 @@ waiting for SQS to come back (found by the chaos soak).
 
 Such an answer is raised instead as :class:`SQSUnavailable`, one of the transport's
 connection errors. Celery then retries the connection at start-up
-(``broker_connection_retry_on_startup``) as after it (``broker_connection_retry``), and
-kombu's retrying publish retries a producer's declaration. Every other answer is raised
-as it came: a mistake of the configuration (access denied, credentials SQS does not
-know, a queue that does not exist) still stops the worker at once, where retrying it
-would only hide it behind minutes of reconnects.
+(``broker_connection_retry_on_startup``) as after it (``broker_connection_retry``).
+Every other answer is raised as it came: a mistake of the configuration (access denied,
+credentials SQS does not know, a queue that does not exist) still stops the worker at
+once, where retrying it would only hide it behind minutes of reconnects.
 """
 
 from __future__ import annotations
