@@ -97,6 +97,7 @@ from .startup import (
     settings_line,
 )
 from .startup.checks import check_before_connecting, missing_queue_declared
+from .startup.unavailable import SQSUnavailable, unavailable_as_connection_error
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -224,7 +225,9 @@ class Channel(SQSChannel):
         self.reply_queues = ReplyQueueKeeper(self)
         self.timely_replies = TimelyReplies(self, self._polling_interval)
         self.event_fanout = EventFanout(self)
-        super().__init__(connection, **kwargs)
+        # kombu's __init__ lists the queues: SQS failing for a while then is retried.
+        with unavailable_as_connection_error():
+            super().__init__(connection, **kwargs)
 
     def _receive_steps(self) -> ReceiveSteps:
         policy = LeasePolicy(
@@ -257,13 +260,15 @@ class Channel(SQSChannel):
     def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: Any) -> Any:
         # 1. The TTL's retention is noted before kombu may create the queue (_create_queue).
         # 2. kombu's declare, once more if the cached URL was of a deleted queue.
-        # 3. The start-up check sees an error last, after that retry: a queue merely
-        #    deleted and re-creatable must not stop the worker.
+        # 3. An answer saying to try again later (5xx, throttled) is a connection error,
+        #    which Celery retries; the start-up check sees any other error last, after
+        #    that retry: a queue merely deleted and re-creatable must not stop the worker.
         # 4. The bookkeeping follows a declare that succeeded, with its final URL.
         self.queue_keeper.note_retention(queue, passive, kwargs.get("arguments"))
         declare = partial(super().queue_declare, queue, passive=passive, **kwargs)
         try:
-            declared = self.queue_keeper.declare(queue, passive, declare)
+            with unavailable_as_connection_error():
+                declared = self.queue_keeper.declare(queue, passive, declare)
         except ClientError as error:
             name = self.canonical_queue_name(queue or "")
             explained = missing_queue_declared(
@@ -288,6 +293,12 @@ class Channel(SQSChannel):
         # kombu's DeleteQueue first: the URL is forgotten once the queue is gone.
         super()._delete(queue, *args, **kwargs)
         self.queue_keeper.forget_url(queue)
+
+    def queue_bind(self, *args: Any, **kwargs: Any) -> Any:
+        """kombu 5.7 makes a fanout exchange's SNS topic here, and clears its subscriptions
+        of queues gone: AWS failing for a while then is a connection error, retried."""
+        with unavailable_as_connection_error():
+            return super().queue_bind(*args, **kwargs)
 
     def after_reply_message_received(self, queue: str) -> None:
         self.reply_queues.after_reply_received(queue, super().after_reply_message_received)
@@ -332,13 +343,16 @@ class Channel(SQSChannel):
         #    consumes, holds and renews the leases. Before kombu's part: an exporter that
         #    cannot start stops the worker before anything was subscribed or taken.
         # 2. kombu wraps the filtered callback: its wrapper claims the lease (QoS.append)
-        #    before an unwanted event is acked, so none is left leased and unacked.
+        #    before an unwanted event is acked, so none is left leased and unacked. kombu
+        #    5.7 subscribes a fanout queue to its SNS topic then: AWS failing for a while
+        #    is a connection error, retried.
         start_exporter(self.options)
         register_instruments()
         if self.transport_options.get("supports_fanout") and not KOMBU_BROADCASTS_THROUGH_SNS:
             _warn_broadcast_needs_sns()
         callback = self.event_fanout.consumer_callback(queue, no_ack, callback)
-        return super().basic_consume(queue, no_ack, callback, *args, **kwargs)
+        with unavailable_as_connection_error():
+            return super().basic_consume(queue, no_ack, callback, *args, **kwargs)
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         return self.auto_delete_queues.cancel(consumer_tag, super().basic_cancel)
@@ -453,6 +467,15 @@ class Transport(SQS.Transport):
     """kombu's SQS transport, keeping received messages invisible until they are acked."""
 
     Channel = Channel
+
+    #: kombu's, and AWS answering a channel's set-up with "later" (a 5xx, a throttle),
+    #: which Celery retries as it retries a dropped connection: an ``OSError``, as
+    #: kombu's ``socket.error`` is, named here for what it is. (mypy reads kombu's
+    #: tuple as of exactly three errors.)
+    connection_errors = (  # type: ignore[assignment]
+        *SQS.Transport.connection_errors,
+        SQSUnavailable,
+    )
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         # Checked before anything connects: a bad option stops the worker at start-up.

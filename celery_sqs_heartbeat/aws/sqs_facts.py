@@ -8,7 +8,9 @@ a whole lease before reporting the lease lost. Pure, no I/O, nothing else import
 
 An error code in none of the families below is *transient*: worth asking again. That is
 the safe reading of a code this module does not know, since a retry costs one call,
-while a lease taken for lost lets SQS hand its running task to another worker.
+while a lease taken for lost lets SQS hand its running task to another worker. Except
+where a retry is a worker waiting for SQS instead of stopping: there only the answers
+that say "later" are waited out (:func:`says_retry_later`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "error_code",
     "is_beyond_hold_limit",
     "is_fifo",
+    "says_retry_later",
 ]
 
 #: ChangeMessageVisibilityBatch and DeleteMessageBatch take at most ten entries; SQS
@@ -142,6 +145,13 @@ FATAL_CODES = QUEUE_MISSING_CODES | frozenset(
 #: query protocol, ``ThrottlingException`` in JSON, ``RequestThrottled`` per entry).
 THROTTLING_CODES = frozenset({"Throttling", "RequestThrottled", "KmsThrottled"})
 
+#: The HTTP status of too many requests: SNS's throttling (``Throttled``) answers with it.
+HTTP_TOO_MANY_REQUESTS = 429
+
+#: From this HTTP status on, the fault is the service's own (``InternalError`` 500,
+#: ``ServiceUnavailable`` 503), not the call's.
+HTTP_SERVER_ERROR = 500
+
 #: Codes that refuse a message to be sent, whole call or one entry, for good: the same
 #: message would be refused again. Anything else is worth another try, like an unknown
 #: code elsewhere: a retry costs one call, a message given up costs a task.
@@ -185,6 +195,27 @@ def canonical_code(raw: str | None) -> str:
     else. Only for comparing: logs and counters keep the code as it came.
     """
     return error_code(raw).removesuffix("Exception")
+
+
+def says_retry_later(code: str | None, http_status: int | None) -> bool:
+    """Whether an error answer says the same call may work later: a 5xx, or a throttle.
+
+    Narrower than this module's reading of an unknown code as transient, on purpose:
+    where a retry is not one more call but a worker that waits for SQS instead of
+    stopping (a channel being set up), only the answers that say "later" in so many
+    words are waited out: the service's own fault, and its requests to slow down
+    (:data:`THROTTLING_CODES`, or HTTP 429). A code of :data:`FATAL_CODES` never is,
+    whatever its status: retrying a mistake of the configuration would only hide it.
+    """
+    canonical = canonical_code(code)
+    if canonical in FATAL_CODES:
+        return False
+    status = http_status or 0
+    return (
+        canonical in THROTTLING_CODES
+        or status == HTTP_TOO_MANY_REQUESTS
+        or status >= HTTP_SERVER_ERROR
+    )
 
 
 def is_beyond_hold_limit(code: str | None, message: str | None) -> bool:

@@ -1,1 +1,2 @@
-"""What a worker says at start-up: the mistakes that stop it, and what the transport does."""
+"""What a worker says at start-up: the mistakes that stop it, the outages of AWS it waits
+out, and what the transport does."""

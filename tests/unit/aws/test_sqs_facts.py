@@ -13,6 +13,7 @@ from celery_sqs_heartbeat.aws.sqs_facts import (
     error_code,
     is_beyond_hold_limit,
     is_fifo,
+    says_retry_later,
 )
 from tests.unit.conftest import BEYOND_THE_LIMIT, EXPIRED_HANDLE
 
@@ -97,3 +98,38 @@ def test_only_sqs_refusal_past_its_12_hours_reads_as_beyond_the_hold_limit(
     code: str | None, message: str | None, beyond: bool
 ) -> None:
     assert is_beyond_hold_limit(code, message) is beyond
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "later"),
+    [
+        ("InternalError", 500, True),
+        ("ServiceUnavailable", 503, True),
+        ("InternalFailure", 500, True),
+        ("Unknown", 502, True),
+        # Throttled, as each protocol and service words it.
+        ("Throttling", 400, True),
+        ("ThrottlingException", 400, True),
+        ("AWS.SimpleQueueService.RequestThrottled", 403, True),
+        ("KmsThrottled", 400, True),
+        ("Throttled", 429, True),  # SNS
+        # Mistakes of the configuration, whatever status they come with.
+        ("AccessDenied", 403, False),
+        ("AccessDeniedException", 400, False),
+        ("InvalidClientTokenId", 403, False),
+        ("com.amazon.coral.service#UnrecognizedClientException", 400, False),
+        ("SignatureDoesNotMatch", 403, False),
+        ("AWS.SimpleQueueService.NonExistentQueue", 400, False),
+        ("QueueDoesNotExist", 400, False),
+        ("KmsAccessDenied", 500, False),
+        # A refusal of the call itself says nothing of later.
+        ("InvalidParameterValue", 400, False),
+        ("SomethingNew", 400, False),
+        ("SomethingNew", None, False),
+        (None, None, False),
+    ],
+)
+def test_only_a_5xx_or_a_throttle_says_to_retry_later(
+    code: str | None, status: int | None, later: bool
+) -> None:
+    assert says_retry_later(code, status) is later
