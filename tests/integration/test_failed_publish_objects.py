@@ -74,6 +74,7 @@ def test_a_batch_scope_in_an_outage_leaves_no_object_in_the_bucket(bed: Bed) -> 
     """Every SendMessageBatch call fails whole (a 5xx) until the scope gives up."""
     bucket = new_bucket(bed)
     bed.create_queue(visibility_timeout=10)
+    bed.server.reset_calls()  # the server is the session's: count this test's puts only
     bed.server.outage(300, "server_error", ["SendMessageBatch"])
     transport_options = options(bucket, large_payload_threshold=1024)
     with bed.client_app("producer", transport_options=transport_options) as app:
