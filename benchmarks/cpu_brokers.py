@@ -39,8 +39,6 @@ class Broker(Protocol):
     def drained(self, queue: str, count: int) -> bool:
         """Whether all ``count`` tasks of ``queue`` are acked."""
 
-    def close(self) -> None: ...
-
 
 class SqsBroker:
     """The strict server, through the throughput scenarios' runner."""
@@ -62,9 +60,6 @@ class SqsBroker:
             return False
         deleted, _, _ = deletion_progress(server.events(), queue)
         return deleted >= count
-
-    def close(self) -> None:
-        """The runner is closed by whoever made it."""
 
 
 class RedisBroker:
@@ -93,7 +88,7 @@ class RedisBroker:
         return worker_env(self._url, REDIS.transport, {}, queue, records)
 
     def drained(self, queue: str, count: int) -> bool:
-        return self._client.llen(queue) == 0 and self._client.hlen(UNACKED_KEY) == 0
+        return bool(self._client.llen(queue) == 0 and self._client.hlen(UNACKED_KEY) == 0)
 
     def close(self) -> None:
         self._producer.close()

@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,23 +171,24 @@ def _stop(profiler: subprocess.Popen[bytes]) -> None:
 
 
 def measure(options: Options) -> list[CpuRun]:
+    """Redis is only started, and redis-py only imported, when a side needs it."""
     runs: list[CpuRun] = []
-    with StrictSQSServer() as server, local_redis(options.workdir) as redis_url:
+    with ExitStack() as stack:
+        server = stack.enter_context(StrictSQSServer())
         bench = Bench(server, options.workdir)
-        brokers = {
-            REDIS.label: RedisBroker(redis_url),
+        stack.callback(bench.close)
+        brokers: dict[str, Broker] = {
             OURS.label: SqsBroker(bench, OURS),
             STOCK.label: SqsBroker(bench, STOCK),
         }
-        try:
-            for order, side in enumerate(alternate(options.sides, options.runs), 1):
-                run = run_once(brokers[side.label], order, options)
-                print(run.progress(), file=sys.stderr, flush=True)
-                runs.append(run)
-        finally:
-            bench.close()
-            for broker in brokers.values():
-                broker.close()
+        if REDIS in options.sides:
+            redis = RedisBroker(stack.enter_context(local_redis(options.workdir)))
+            stack.callback(redis.close)
+            brokers[REDIS.label] = redis
+        for order, side in enumerate(alternate(options.sides, options.runs), 1):
+            run = run_once(brokers[side.label], order, options)
+            print(run.progress(), file=sys.stderr, flush=True)
+            runs.append(run)
     return runs
 
 
