@@ -16,6 +16,9 @@ between the two sides of a comparison.
     where every execution appends one JSON line: task id, pid, start, end
 ``BENCH_PREFETCH``
     ``worker_prefetch_multiplier`` (Celery's default, 4, unless set)
+``BENCH_CPU_GATE``
+    a path prefix: when ready, the worker holds until ``PREFIX.go`` exists, then writes
+    the CPU its process and pool have used so far to ``PREFIX.cpu`` (``cpu_per_task.py``)
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from proc_cpu import tree_cpu
 
 app = Celery("bench_app")
 app.conf.update(
@@ -42,6 +47,21 @@ app.conf.update(
 )
 
 RECORD_FILE = os.environ.get("BENCH_RECORD_FILE", os.devnull)
+CPU_GATE = os.environ.get("BENCH_CPU_GATE")
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
+def _hold_until_measured(**_: Any) -> None:
+    """Celery sends ``worker_ready`` after the consumer is set up and before its event loop
+    first runs, so nothing is received yet: held here, the worker lets the benchmark
+    attach a profiler, and its CPU read at the release is the start of the load exactly."""
+    if CPU_GATE is None:
+        return
+    Path(f"{CPU_GATE}.held").touch()
+    go = Path(f"{CPU_GATE}.go")
+    while not go.exists():
+        time.sleep(0.01)
+    Path(f"{CPU_GATE}.cpu").write_text(json.dumps(tree_cpu(os.getpid())))
 
 
 def _record(task_id: str | None, started: float) -> None:

@@ -96,54 +96,93 @@ class DerivedClients:
     but one were thrown away, while the receive loop and the pool waited, and 50 at once
     added up to 100 MB to the worker. Kept weakly: a source kombu dropped takes its
     derived clients with it.
+
+    Made from one botocore session, which reads the models through the first source's
+    loader: kombu's client has already parsed them, so a derived client costs about
+    2 ms of CPU rather than the 40 to 50 ms of a session of its own, which a worker
+    paid twice in its first seconds (docs/benchmarks.md, "CPU per task"). A session is
+    not thread safe; it is only used under the lock.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._session: botocore.session.Session | None = None
         self._renewal: _Made = weakref.WeakKeyDictionary()
         self._receive: _Made = weakref.WeakKeyDictionary()
         self._publish: _Made = weakref.WeakKeyDictionary()
         self._s3: _Made = weakref.WeakKeyDictionary()
 
     def renewal(self, source: BaseClient) -> BaseClient:
-        """``source`` with :data:`RENEWAL_CLIENT_CONFIG`, pooled for every call in flight."""
-        pool = max(source.meta.config.max_pool_connections, POOL_CONNECTIONS)
-        config = RENEWAL_CLIENT_CONFIG.merge(Config(max_pool_connections=pool))
-        return self._derived(source, self._renewal, lambda: _sqs_like(source, config))
+        """``source`` with :data:`RENEWAL_CLIENT_CONFIG`, pooled for every call in flight.
+
+        Asked before every renewal, delete and release call: the configuration is only
+        built for a client still to be made (a merge costs some 20 µs).
+        """
+        return self._derived(
+            source,
+            self._renewal,
+            lambda session: _sqs_like(
+                session, source, _pooled(RENEWAL_CLIENT_CONFIG, source, POOL_CONNECTIONS)
+            ),
+        )
 
     def receive(self, source: BaseClient) -> BaseClient:
         """``source`` with :data:`RECEIVE_CLIENT_CONFIG`."""
         return self._derived(
-            source, self._receive, lambda: _sqs_like(source, RECEIVE_CLIENT_CONFIG)
+            source, self._receive, lambda session: _sqs_like(session, source, RECEIVE_CLIENT_CONFIG)
         )
 
     def publish(self, source: BaseClient) -> BaseClient:
         """``source`` with :data:`PUBLISH_CLIENT_CONFIG`, pooled for every sending thread."""
-        pool = max(source.meta.config.max_pool_connections, MAX_PUBLISH_CALLS_IN_FLIGHT)
-        config = PUBLISH_CLIENT_CONFIG.merge(Config(max_pool_connections=pool))
-        return self._derived(source, self._publish, lambda: _sqs_like(source, config))
+        return self._derived(
+            source,
+            self._publish,
+            lambda session: _sqs_like(
+                session, source, _pooled(PUBLISH_CLIENT_CONFIG, source, MAX_PUBLISH_CALLS_IN_FLIGHT)
+            ),
+        )
 
     def s3(self, sqs_client: BaseClient) -> BaseClient:
         """The S3 client that goes with a queue's SQS client."""
-        return self._derived(sqs_client, self._s3, lambda: _s3_beside(sqs_client))
+        return self._derived(sqs_client, self._s3, lambda session: _s3_beside(session, sqs_client))
 
     def _derived(
-        self, source: BaseClient, made: _Made, make: Callable[[], BaseClient]
+        self,
+        source: BaseClient,
+        made: _Made,
+        make: Callable[[botocore.session.Session], BaseClient],
     ) -> BaseClient:
         with self._lock:
             derived = made.get(source)
             if derived is None:
-                derived = made[source] = make()
+                if self._session is None:
+                    self._session = _session_reading_through(source)
+                derived = made[source] = make(self._session)
         return derived
 
 
-def _sqs_like(source: BaseClient, config: Config) -> BaseClient:
+def _pooled(config: Config, source: BaseClient, at_least: int) -> Config:
+    """``config`` with at least ``at_least`` connections, or ``source``'s if more."""
+    pool = max(source.meta.config.max_pool_connections, at_least)
+    return config.merge(Config(max_pool_connections=pool))
+
+
+def _session_reading_through(source: BaseClient) -> botocore.session.Session:
+    """A session whose models are those ``source`` has loaded, where botocore keeps them."""
+    session = botocore.session.Session()
+    loader = getattr(source, "_loader", None)
+    if loader is not None:
+        session.register_component("data_loader", loader)
+    return session
+
+
+def _sqs_like(session: botocore.session.Session, source: BaseClient, config: Config) -> BaseClient:
     """Same region, endpoint and configuration, and the same credentials object.
 
     So credentials that refresh themselves (instance roles, SSO) keep refreshing here
     too. botocore has no public way to share credentials between clients, hence the signer.
     """
-    derived = botocore.session.Session().create_client(
+    derived = session.create_client(
         "sqs",
         region_name=source.meta.region_name,
         endpoint_url=source.meta.endpoint_url,
@@ -155,11 +194,11 @@ def _sqs_like(source: BaseClient, config: Config) -> BaseClient:
     return derived
 
 
-def _s3_beside(sqs_client: BaseClient) -> BaseClient:
+def _s3_beside(session: botocore.session.Session, sqs_client: BaseClient) -> BaseClient:
     """S3 in the SQS client's region, on its endpoint if a local stack's, same credentials."""
     endpoint = _s3_endpoint(sqs_client.meta.endpoint_url)
     config = S3_CLIENT_CONFIG if endpoint is None else S3_CLIENT_CONFIG.merge(LOCAL_STACK_CONFIG)
-    made = botocore.session.Session().create_client(
+    made = session.create_client(
         "s3",
         region_name=sqs_client.meta.region_name,
         endpoint_url=endpoint,

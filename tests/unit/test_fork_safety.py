@@ -56,11 +56,11 @@ def test_a_child_forked_during_a_client_build_makes_its_own_clients(
     building, finish = threading.Event(), threading.Event()
     sqs_like = clients_module._sqs_like
 
-    def slow_in_the_parent(client: BaseClient, config: Any) -> BaseClient:
+    def slow_in_the_parent(session: Any, client: BaseClient, config: Any) -> BaseClient:
         if os.getpid() == parent:  # the parent's build is under way at the fork
             building.set()
             finish.wait(10)
-        return sqs_like(client, config)
+        return sqs_like(session, client, config)
 
     monkeypatch.setattr(clients_module, "_sqs_like", slow_in_the_parent)
     builder = threading.Thread(target=clients.receive, args=(source,), daemon=True)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+import celery_sqs_heartbeat.receiving.parking as parking_module
 from celery_sqs_heartbeat.payloads.pointers import LEGACY_SIZE_ATTRIBUTE, SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.receiving.parking import (
     RETURN_LEAD,
@@ -66,17 +67,43 @@ def test_plain_json_bodies_are_read_as_well_as_base64_ones() -> None:
     assert read is not None and read.eta == NOW + 3600
 
 
+def test_padded_bodies_are_read_either_way() -> None:
+    plain = json.dumps({"headers": {"task": "t", "eta": "2026-11-24T13:00:00+00:00"}})
+
+    for body in ("\n " + plain, " " + envelope(eta="2026-11-24T13:00:00+00:00") + "\n"):
+        read = read_due(body)
+        assert read is not None and read.eta == NOW + 3600
+
+
+def test_a_base64_body_is_parsed_once_not_first_tried_as_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed parse raises; kombu sends every body in base64 (docs/benchmarks.md)."""
+    parsed: list[str] = []
+    loads = json.loads
+
+    def counted(text: str) -> Any:
+        parsed.append(text)
+        return loads(text)
+
+    monkeypatch.setattr(parking_module.json, "loads", counted)
+
+    assert read_due(envelope(eta="2026-11-24T13:00:00+00:00")) is not None
+    assert len(parsed) == 1 and parsed[0].startswith("{")
+
+
 @pytest.mark.parametrize(
     "body",
     [
         "not json at all",
         json.dumps(["a", "list"]),
+        base64.b64encode(json.dumps(["a", "list"]).encode()).decode(),
         # Celery's protocol 1: no task header, the ETA sits in the (maybe pickled) body.
         json.dumps({"body": "...", "headers": {}, "properties": {}}),
         envelope(eta="next tuesday"),
         envelope(eta=1234),
     ],
-    ids=["text", "list", "protocol-1", "bad-eta", "eta-not-a-string"],
+    ids=["text", "list", "base64-list", "protocol-1", "bad-eta", "eta-not-a-string"],
 )
 def test_what_is_not_a_readable_protocol_2_task_is_delivered_as_before(body: str) -> None:
     assert POLICY.hide_for(read_due(body), NOW) is None
