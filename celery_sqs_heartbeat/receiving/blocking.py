@@ -16,8 +16,6 @@ from functools import partial
 from queue import Empty
 from typing import Any, Protocol
 
-from botocore.client import BaseClient
-
 from .chains import FAILED, Receive, ReceiveChains, receive_size
 from .failures import ReceiveFailures
 from .gate import ReceiveGate
@@ -35,19 +33,12 @@ IntakeReceive = Callable[[str, Callable[[], Any]], Any]
 
 
 class BlockingPort(Protocol):
-    """What the blocking path reads of, and asks of, its kombu channel."""
-
-    @property
-    def hub(self) -> Any: ...
+    """What the blocking path reads of its kombu channel."""
 
     @property
     def _consumers(self) -> set[str]: ...
 
     def canonical_queue_name(self, queue_name: str) -> str: ...
-
-    def sqs(self, queue: str | None = None) -> BaseClient: ...
-
-    def _new_queue(self, queue: str) -> str: ...
 
 
 class BlockingReceiver:
@@ -76,23 +67,6 @@ class BlockingReceiver:
             return kombu_get_bulk()
         finally:
             self.in_bulk = False
-
-    def delete_message(
-        self, queue_name: str, message: dict[str, Any], kombu_delete: Callable[[], None]
-    ) -> None:
-        """Delete a no-ack message; blocking unless it came on the event loop.
-
-        A blocking receive may run outside the loop's thread: a task that pings the
-        workers, in a threads pool, on a channel that took the worker's loop when it was
-        made. The loop's HTTP client belongs to the loop's thread (``pycurl.error: cannot
-        add/remove handle - multi_perform() already running`` from any other).
-        """
-        if self._channel.hub is not None and not self.in_bulk:
-            kombu_delete()
-            return
-        self._channel.sqs(queue=queue_name).delete_message(
-            QueueUrl=self._channel._new_queue(queue_name), ReceiptHandle=message["ReceiptHandle"]
-        )
 
     def drain_events(self, timeout: float | None, kombu_drain: Callable[[], Any]) -> Any:
         """The blocking receive loop (gevent, eventlet): wait for room, not a whole second.
