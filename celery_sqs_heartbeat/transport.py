@@ -406,8 +406,8 @@ class Channel(SQSChannel):
 
     def _get_bulk(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         # The intake goes around the receiver: a receive that only parked is made again,
-        # each with the receiver's in-bulk mark (its messages are leased); what nobody
-        # took goes back after the last.
+        # each with the receiver's in-bulk mark (its messages are leased, its no-ack
+        # deletes blocking); what nobody took goes back after the last.
         kombu_get_bulk = partial(super()._get_bulk, queue, *args, **kwargs)
         return self.intake.get_bulk(partial(self.receiver.blocking.get_bulk, kombu_get_bulk))
 
@@ -432,7 +432,8 @@ class Channel(SQSChannel):
 
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
         # kombu's delete of a no-ack message (a mailbox's), as kombu delivers it.
-        self.intake.delete_no_ack(queue_name, message)
+        outbox_delete = partial(self.intake.delete_no_ack, queue_name, message)
+        self.receiver.blocking.delete_message(queue_name, message, outbox_delete)
 
     # --- settling -------------------------------------------------------------------------
 

@@ -179,21 +179,19 @@ class Intake:
         return response
 
     def delete_no_ack(self, queue_name: str, message: dict[str, Any]) -> None:
-        """A message of a queue consumed without acks (a mailbox) is deleted as it is
-        delivered: through the manager's outbox, as an acked task's is, on every path.
-
-        kombu's own delete is an asynchronous call on the event loop, whose 5xx raises a
-        bare ``Exception`` inside the loop: Celery's "Unrecoverable error", and the worker
-        exits. From the outbox the delete goes out at once, off the loop (whose HTTP
-        client belongs to the loop's thread, and a blocking receive may run on another),
-        is retried until SQS confirms it, and keeps its message hidden meanwhile, so a
-        failing delete delays nothing and runs no command twice while it is retried.
+        """Delete a message of a queue consumed without acks (a mailbox) through the
+        manager's outbox, as an acked task's: off the event loop, retried until SQS
+        confirms it, the message kept hidden meanwhile (renewed while
+        ``visibility_extension`` is on), so its command does not run twice.
         """
         channel = self._channel
         lease_queue = self.lease_queue(channel._new_queue(queue_name), queue_name)
         sent_at = self._receiver.answer_sent_at
         received_by = self._manager.clock() if sent_at is None else sent_at
-        self._manager.delete(self._steps.lease_of(message, lease_queue, received_by), 0)
+        # Born as a received task's lease is (renewed while its delete is retried).
+        for received in self._steps.born([message], lease_queue, received_by):
+            if received.lease is not None:
+                self._manager.delete(received.lease, 0)
 
     def claim(self, message: Any, delivery_tag: str) -> None:
         """The consumer took ``message``: its lease now lasts until the ack or reject."""

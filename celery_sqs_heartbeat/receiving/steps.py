@@ -100,27 +100,24 @@ class ReceiveSteps:
         now = self.manager.clock()
         batch = []
         for message in messages:
-            if not (held and message.get("ReceiptHandle")):
+            handle = message.get("ReceiptHandle")
+            if not (held and handle):
                 batch.append(Received(message, None))
                 continue
-            lease = self.lease_of(message, queue, sent_at)
+            lease = Lease(
+                receipt_handle=handle,
+                queue=queue,
+                policy=self.lease_policy,
+                received_at=sent_at,
+                message_id=message.get("MessageId"),
+                receive_count=receive_count(message.get("Attributes") or {}),
+            )
             late = lease.expires_at - now <= self.lease_policy.margin_ceiling
             confirm = self.options.visibility_extension and late
             if self.options.visibility_extension and not confirm:
                 self.manager.track(lease, self.options.visibility_extension_interval)
             batch.append(Received(message, lease, unconfirmed=confirm))
         return batch
-
-    def lease_of(self, message: dict[str, Any], queue: SQSQueue, sent_at: float) -> Lease:
-        """The lease SQS started on ``message`` at some point after ``sent_at``."""
-        return Lease(
-            receipt_handle=message["ReceiptHandle"],
-            queue=queue,
-            policy=self.lease_policy,
-            received_at=sent_at,
-            message_id=message.get("MessageId"),
-            receive_count=receive_count(message.get("Attributes") or {}),
-        )
 
     def confirm(
         self, batch: list[Received], queue: SQSQueue, receive_sent_at: float

@@ -45,9 +45,6 @@ class Steps:
     def sort(self, batch: Any, queue: Any) -> tuple[list[Received], int]:
         return [], len(batch)
 
-    def lease_of(self, message: Any, queue: Any, sent_at: float) -> Lease:
-        return Lease(message["ReceiptHandle"], queue, POLICY, received_at=sent_at)
-
 
 class Manager:
     def __init__(self) -> None:
@@ -83,8 +80,20 @@ def no_lease_queues(monkeypatch: pytest.MonkeyPatch, process_state: ProcessState
     monkeypatch.setattr(process_state.lease_queues, "of", lambda *a: "q")
 
 
-def intake_of(manager: Manager, table: LeaseTable, receiver: Any = None) -> Intake:
-    return Intake(Port(), manager, table, Steps(), receiver or Receiver(), Reader())  # type: ignore[arg-type]
+class LeasingSteps(Steps):
+    """Every message gets a lease, counted from ``sent_at``."""
+
+    def born(self, messages: Any, queue: Any, sent_at: float, held: bool = True) -> Any:
+        return [
+            Received(m, Lease(m["ReceiptHandle"], queue, POLICY, received_at=sent_at))
+            for m in messages
+        ]
+
+
+def intake_of(
+    manager: Manager, table: LeaseTable, receiver: Any = None, steps: Any = None
+) -> Intake:
+    return Intake(Port(), manager, table, steps or Steps(), receiver or Receiver(), Reader())  # type: ignore[arg-type]
 
 
 def test_a_blocking_receive_that_only_parked_is_made_again(no_lease_queues: None) -> None:
@@ -122,7 +131,8 @@ def test_a_no_ack_message_is_deleted_at_once_through_the_outbox(
     manager, receiver = Manager(), Receiver()
     receiver.answer_sent_at = answer_sent_at  # type: ignore[assignment]
 
-    intake_of(manager, LeaseTable(), receiver).delete_no_ack("mailbox", {"ReceiptHandle": "rh-1"})
+    intake = intake_of(manager, LeaseTable(), receiver, LeasingSteps())
+    intake.delete_no_ack("mailbox", {"ReceiptHandle": "rh-1"})
 
     [(lease, wait)] = manager.deleted
     assert (lease.receipt_handle, lease.queue, lease.received_at, wait) == (
