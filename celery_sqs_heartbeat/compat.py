@@ -27,6 +27,10 @@ table of every overridden method):
   poll almost all the time. kombu 5.6 and later wait for the answer on the loop (pycurl).
   :meth:`SQSChannel._send_long_poll` makes 5.5's receive on a thread of its own, which
   hands the answer back to the loop and wakes it (:class:`LoopWaker`).
+- kombu 5.5 deletes a message of a no-ack queue (a mailbox) with its asynchronous
+  client, inline in ``_message_to_python``; later releases call ``Channel._delete_message``
+  there, where the transport sends that delete through its outbox (retried, off the loop).
+  :class:`SQSChannel` gives 5.5 a ``_message_to_python`` that deletes through it.
 - kombu 5.7 deletes a message rejected without requeue (``_delete_rejected_message``,
   unless the queue has a dead-letter queue); 5.5 and 5.6 leave it to come back when its
   visibility timeout ends. The transport keeps each release's own behaviour: its
@@ -47,6 +51,8 @@ from typing import Any, ClassVar, cast
 from kombu.asynchronous import Hub
 from kombu.asynchronous.aws.sqs.message import AsyncMessage
 from kombu.transport import SQS
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 
 from .aws.sqs_facts import RECEIVE_COUNT_ATTRIBUTE
 from .process import this_process
@@ -77,6 +83,9 @@ __all__ = [
 
 #: kombu 5.6 and later receive through one method on both paths.
 KOMBU_HAS_RECEIVE_METHOD = hasattr(SQS.Channel, "_receive_message")
+
+#: Later kombu than 5.5 deletes a no-ack message through ``Channel._delete_message``.
+KOMBU_HAS_DELETE_METHOD = hasattr(SQS.Channel, "_delete_message")
 
 #: kombu 5.7 and later turn a fanout exchange into an SNS topic with the queues subscribed.
 KOMBU_BROADCASTS_THROUGH_SNS = hasattr(SQS.Channel, "_put_fanout")
@@ -197,6 +206,20 @@ class SQSChannel(SQS.Channel):
                 message["Body"] = AsyncMessage(body=message["Body"]).decode()
             for payload in self._messages_to_python(messages, queue):
                 self.connection._deliver(payload, queue)
+
+    if not KOMBU_HAS_DELETE_METHOD:
+
+        def _message_to_python(self, message: dict[str, Any], queue_name: str, q_url: str) -> Any:
+            """kombu 5.5's decode, its no-ack delete made through ``_delete_message``.
+
+            kombu 5.5 calls its asynchronous client here itself, where the transport
+            cannot take the delete over.
+            """
+            if queue_name not in self._noack_queues:
+                return super()._message_to_python(message, queue_name, q_url)
+            payload = loads(bytes_to_str(self._optional_b64_decode(message["Body"].encode())))
+            self._delete_message(queue_name, message)
+            return payload
 
 
 def is_backoff_task(qos: Any, delivery_tag: str) -> bool:

@@ -431,8 +431,9 @@ class Channel(SQSChannel):
         return self.receiver.marked_redelivered(payload, message)
 
     def _delete_message(self, queue_name: str, message: dict[str, Any]) -> None:
-        kombu_delete = partial(super()._delete_message, queue_name, message)
-        self.receiver.blocking.delete_message(queue_name, message, kombu_delete)
+        # kombu's delete of a no-ack message (a mailbox's), as kombu delivers it.
+        outbox_delete = partial(self.intake.delete_no_ack, queue_name, message)
+        self.receiver.blocking.delete_message(queue_name, message, outbox_delete)
 
     # --- settling -------------------------------------------------------------------------
 

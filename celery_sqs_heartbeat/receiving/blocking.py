@@ -17,6 +17,8 @@ from queue import Empty
 from typing import Any, Protocol
 
 from botocore.client import BaseClient
+from botocore.exceptions import BotoCoreError, ClientError
+from celery.utils.log import get_logger
 
 from .chains import FAILED, Receive, ReceiveChains, receive_size
 from .failures import ReceiveFailures
@@ -26,6 +28,8 @@ from .retries import classify_receive_error
 from .rounds import ReceiveRounds
 
 __all__ = ["FULL_WINDOW_WAIT", "BlockingPort", "BlockingReceiver"]
+
+logger = get_logger(__name__)
 
 #: The longest the blocking receive loop waits in one call for the window to free up.
 FULL_WINDOW_WAIT = 0.1
@@ -78,21 +82,35 @@ class BlockingReceiver:
             self.in_bulk = False
 
     def delete_message(
-        self, queue_name: str, message: dict[str, Any], kombu_delete: Callable[[], None]
+        self, queue_name: str, message: dict[str, Any], outbox_delete: Callable[[], None]
     ) -> None:
-        """Delete a no-ack message; blocking unless it came on the event loop.
+        """Delete a no-ack message: blocking, unless it came on the event loop.
 
-        A blocking receive may run outside the loop's thread: a task that pings the
-        workers, in a threads pool, on a channel that took the worker's loop when it was
-        made. The loop's HTTP client belongs to the loop's thread (``pycurl.error: cannot
+        On the loop, kombu's asynchronous delete raised a 5xx inside the loop, which
+        ended the worker; it goes to the manager's outbox there (``outbox_delete``),
+        retried until SQS confirms it. Elsewhere (gevent, a monitor, ``celery
+        inspect``) it is one blocking call, as cheap as kombu's; one that fails goes to
+        the outbox too, logged, instead of raising out of the receive. A blocking
+        receive may run outside the loop's thread: a task that pings the workers, in a
+        threads pool, on a channel that took the worker's loop when it was made. The
+        loop's HTTP client belongs to the loop's thread (``pycurl.error: cannot
         add/remove handle - multi_perform() already running`` from any other).
         """
         if self._channel.hub is not None and not self.in_bulk:
-            kombu_delete()
+            outbox_delete()
             return
-        self._channel.sqs(queue=queue_name).delete_message(
-            QueueUrl=self._channel._new_queue(queue_name), ReceiptHandle=message["ReceiptHandle"]
-        )
+        try:
+            self._channel.sqs(queue=queue_name).delete_message(
+                QueueUrl=self._channel._new_queue(queue_name),
+                ReceiptHandle=message["ReceiptHandle"],
+            )
+        except (ClientError, BotoCoreError) as exc:
+            logger.warning(
+                "Deleting a message of queue %s failed (%r): retrying it while it is hidden",
+                queue_name,
+                exc,
+            )
+            outbox_delete()
 
     def drain_events(self, timeout: float | None, kombu_drain: Callable[[], Any]) -> Any:
         """The blocking receive loop (gevent, eventlet): wait for room, not a whole second.

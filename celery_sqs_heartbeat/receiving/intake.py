@@ -178,6 +178,21 @@ class Intake:
             response["Messages"] = [r.message for r in staying]
         return response
 
+    def delete_no_ack(self, queue_name: str, message: dict[str, Any]) -> None:
+        """Delete a message of a queue consumed without acks (a mailbox) through the
+        manager's outbox, as an acked task's: off the event loop, retried until SQS
+        confirms it, the message kept hidden meanwhile (renewed while
+        ``visibility_extension`` is on), so its command does not run twice.
+        """
+        channel = self._channel
+        lease_queue = self.lease_queue(channel._new_queue(queue_name), queue_name)
+        sent_at = self._receiver.answer_sent_at
+        received_by = self._manager.clock() if sent_at is None else sent_at
+        # Born as a received task's lease is (renewed while its delete is retried).
+        for received in self._steps.born([message], lease_queue, received_by):
+            if received.lease is not None:
+                self._manager.delete(received.lease, 0)
+
     def claim(self, message: Any, delivery_tag: str) -> None:
         """The consumer took ``message``: its lease now lasts until the ack or reject."""
         headers = message.headers or {}

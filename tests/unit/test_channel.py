@@ -19,6 +19,7 @@ from queue import Empty
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 from celery.worker import state as worker_state
@@ -704,3 +705,61 @@ def test_a_parked_task_read_from_s3_is_copied_with_its_pointer_and_keeps_its_obj
     size = len(full_body.encode("utf-8"))
     assert sent[1] == {SIZE_ATTRIBUTE: {"DataType": "Number", "StringValue": str(size)}}
     assert objects_deleted == [], "the copy's S3 object went with the original's delete"
+
+
+@pytest.mark.parametrize("path", ["event loop", "blocking"])
+def test_a_no_ack_message_whose_delete_fails_is_delivered_once_and_deleted_at_a_later_check(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+) -> None:
+    """Issue 33, item 1: kombu deleted a mailbox's message on the event loop, and a 5xx
+    there ended the worker. The delete goes through the outbox there, and after a failed
+    blocking delete elsewhere: retried, never raised."""
+    channel, _ = open_channel()
+    channel.basic_cancel("consumer")
+    delivered: list[Any] = []
+    channel.basic_consume("jobs", True, delivered.append, "mailbox")
+    outbox_fails = {"rh-1": 1 if path == "event loop" else 0}
+    blocking_deletes: list[str] = []
+
+    def delete(_: SQSQueue, leases: Any) -> Any:
+        sqs.deletes += [lease.receipt_handle for lease in leases]
+        answers = {}
+        for lease in leases:
+            fails = outbox_fails.get(lease.receipt_handle, 0)
+            outbox_fails[lease.receipt_handle] = fails - 1
+            answers[lease] = (EntryResult.TRANSIENT, "HTTP 500") if fails else (EntryResult.OK, "")
+        return answers
+
+    def blocking_delete(**call: Any) -> None:
+        blocking_deletes.append(call["ReceiptHandle"])
+        error = {"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 500}}
+        raise ClientError(error, "DeleteMessage")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SQSQueue, "delete", delete)
+    monkeypatch.setattr(channel.sqs(queue="jobs"), "delete_message", blocking_delete)
+    # As kombu publishes it; a no-ack message keeps the tag it was published with.
+    message = sqs_message(channel, "rh-1")
+    body = json.loads(message["Body"])
+    body["properties"]["delivery_tag"] = "published-tag"
+    message["Body"] = json.dumps(body)
+    if path == "event loop":
+        monkeypatch.setattr(channel, "hub", Hub())
+        receive(channel, message)
+    else:
+        receive_blocking(channel, clock, 0, monkeypatch, message)
+    manager.check()
+    clock.advance(60)
+    manager.check()
+    clock.advance(60)
+    manager.check()
+
+    assert len(delivered) == 1
+    assert (blocking_deletes, sqs.deletes) == (
+        ([], ["rh-1", "rh-1"]) if path == "event loop" else (["rh-1"], ["rh-1"])
+    )
+    assert manager.leases() == []

@@ -49,9 +49,13 @@ class Steps:
 class Manager:
     def __init__(self) -> None:
         self.released: list[tuple[list[Any], str]] = []
+        self.deleted: list[tuple[Lease, float]] = []
 
     def clock(self) -> float:
         return 0.0
+
+    def delete(self, lease: Lease, wait: float) -> None:
+        self.deleted.append((lease, wait))
 
     def release(self, leases: Any, reason: str) -> None:
         self.released.append((list(leases), reason))
@@ -76,8 +80,20 @@ def no_lease_queues(monkeypatch: pytest.MonkeyPatch, process_state: ProcessState
     monkeypatch.setattr(process_state.lease_queues, "of", lambda *a: "q")
 
 
-def intake_of(manager: Manager, table: LeaseTable) -> Intake:
-    return Intake(Port(), manager, table, Steps(), Receiver(), Reader())  # type: ignore[arg-type]
+class LeasingSteps(Steps):
+    """Every message gets a lease, counted from ``sent_at``."""
+
+    def born(self, messages: Any, queue: Any, sent_at: float, held: bool = True) -> Any:
+        return [
+            Received(m, Lease(m["ReceiptHandle"], queue, POLICY, received_at=sent_at))
+            for m in messages
+        ]
+
+
+def intake_of(
+    manager: Manager, table: LeaseTable, receiver: Any = None, steps: Any = None
+) -> Intake:
+    return Intake(Port(), manager, table, steps or Steps(), receiver or Receiver(), Reader())  # type: ignore[arg-type]
 
 
 def test_a_blocking_receive_that_only_parked_is_made_again(no_lease_queues: None) -> None:
@@ -106,3 +122,22 @@ def test_what_nobody_claimed_goes_back_at_once() -> None:
     intake_of(manager, table).release_unclaimed()
 
     assert manager.released == [([(lease, 0)], "not delivered")]
+
+
+@pytest.mark.parametrize(("answer_sent_at", "received_at"), [(None, 0.0), (-5.0, -5.0)])
+def test_a_no_ack_message_is_deleted_at_once_through_the_outbox(
+    no_lease_queues: None, answer_sent_at: float | None, received_at: float
+) -> None:
+    manager, receiver = Manager(), Receiver()
+    receiver.answer_sent_at = answer_sent_at  # type: ignore[assignment]
+
+    intake = intake_of(manager, LeaseTable(), receiver, LeasingSteps())
+    intake.delete_no_ack("mailbox", {"ReceiptHandle": "rh-1"})
+
+    [(lease, wait)] = manager.deleted
+    assert (lease.receipt_handle, lease.queue, lease.received_at, wait) == (
+        "rh-1",
+        "q",
+        received_at,
+        0,
+    )
