@@ -97,6 +97,7 @@ from .startup import (
     settings_line,
 )
 from .startup.checks import check_before_connecting, missing_queue_declared
+from .startup.green_timer import mend_gevent_timer
 from .startup.unavailable import SQSUnavailable, unavailable_as_connection_error
 
 __all__ = ["Channel", "QoS", "Transport"]
@@ -543,6 +544,20 @@ def _say_at_worker_ready(sender: Any, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_say_at_worker_ready, weak=False)
+
+
+def _stop_lost_connections_heartbeats(sender: Any, **_: Any) -> None:
+    """A gevent worker of this transport: its timer made to stop the heartbeat of each
+    lost connection, which held that connection and its clients (:mod:`.startup.green_timer`).
+
+    At ``worker_ready``: Celery looks ``cancel`` up on its timer at each stop, the first
+    connection's included."""
+    transport = getattr(getattr(sender, "connection", None), "transport", None)
+    if isinstance(transport, Transport):
+        mend_gevent_timer(sender.timer)
+
+
+signals.worker_ready.connect(_stop_lost_connections_heartbeats, weak=False)
 
 
 @cache

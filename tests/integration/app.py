@@ -7,6 +7,7 @@ so that one module serves every pool, transport and option combination.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import Reject
+from celery.worker.heartbeat import Heart
 from kombu import Exchange, Queue
 
 
@@ -227,6 +229,18 @@ def reads_a_queue_of_its_own(self, label: str) -> str:
         inbox.close()
     _record(self.request.id, label, started, "ok")
     return label
+
+
+@app.task(bind=True)
+def counts_heartbeats(self, label: str) -> int:
+    """Records how many of Celery's heartbeats (``Heart``) this worker process holds, as the
+    run's outcome: one for its connection, and one more for each lost connection whose
+    heartbeat was never stopped (a gevent worker's, issue 33)."""
+    started = time.time()
+    gc.collect()
+    hearts = sum(1 for held in gc.get_objects() if isinstance(held, Heart))
+    _record(self.request.id, label, started, str(hearts))
+    return hearts
 
 
 @signals.worker_ready.connect

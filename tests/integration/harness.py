@@ -348,7 +348,9 @@ class Worker:
         name: str,
         env: dict[str, str],
         loglevel: str = "info",
+        heartbeat: bool = False,
     ):
+        """``heartbeat``: Celery's worker heartbeats (events), off unless a test is about them."""
         self.log_path = bed.logs / f"worker-{name}.log"
         self._log = self.log_path.open("w")
         command = [
@@ -366,7 +368,7 @@ class Worker:
             f"{name}@%h",
             "-l",
             loglevel,
-            "--without-heartbeat",
+            *([] if heartbeat else ["--without-heartbeat"]),
             "--without-mingle",
             "--without-gossip",
         ]
@@ -421,9 +423,10 @@ def worker(
     concurrency: int = 2,
     name: str = "w1",
     loglevel: str = "info",
+    heartbeat: bool = False,
     **env: Any,
 ) -> Iterator[Worker]:
-    process = Worker(bed, pool, concurrency, name, bed.env(**env), loglevel)
+    process = Worker(bed, pool, concurrency, name, bed.env(**env), loglevel, heartbeat)
     try:
         process.wait_ready()
         yield process
