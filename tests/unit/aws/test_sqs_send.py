@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -117,6 +118,17 @@ def test_a_call_refused_whole_gives_each_entry_the_call_s_outcome(
     assert set(results) == {0, 1, 2}
 
 
+@contextlib.contextmanager
+def failing_before_send(publish: BaseClient, fail: Callable[..., None]) -> Iterator[None]:
+    """``fail`` runs where botocore would send each SendMessageBatch request."""
+    events = publish.meta.events
+    events.register("before-send.sqs.SendMessageBatch", fail, unique_id="network-fault")
+    try:
+        yield
+    finally:
+        events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
+
+
 def test_a_network_fault_is_a_retry_for_every_entry_never_raised_and_tried_once(
     publish: BaseClient,
 ) -> None:
@@ -126,12 +138,8 @@ def test_a_network_fault_is_a_retry_for_every_entry_never_raised_and_tried_once(
         attempts.append(request)
         raise EndpointConnectionError(endpoint_url=QUEUE_URL)
 
-    events = publish.meta.events
-    events.register("before-send.sqs.SendMessageBatch", fail, unique_id="network-fault")
-    try:
+    with failing_before_send(publish, fail):
         results = send_message_batch(publish, QUEUE_URL, ENTRIES)
-    finally:
-        events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
     assert {kind for kind, _ in results.values()} == {SendOutcome.RETRY}
     assert len(results) == 3 and len(attempts) == 1
 
@@ -154,12 +162,8 @@ def test_a_fault_after_the_request_left_is_unanswered_one_before_a_plain_retry(
     def fail(**_: Any) -> None:
         raise fault
 
-    events = publish.meta.events
-    events.register("before-send.sqs.SendMessageBatch", fail, unique_id="network-fault")
-    try:
+    with failing_before_send(publish, fail):
         results = send_message_batch(publish, QUEUE_URL, ENTRIES)
-    finally:
-        events.unregister("before-send.sqs.SendMessageBatch", unique_id="network-fault")
     assert {kind for kind, _ in results.values()} == {outcome}
     assert outcome.worth_another_try
 
