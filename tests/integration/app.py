@@ -89,6 +89,14 @@ if os.environ.get("IT_IMPORT_CONTROL") == "1":
     import celery_sqs_heartbeat.monitoring.control  # noqa: F401
 
 
+def _record_start(task_id: str, name: str) -> None:
+    """A line in ``IT_START_FILE`` (if set) as the task starts, in the process running it."""
+    path = os.environ.get("IT_START_FILE")
+    if path:
+        with open(path, "a") as starts:
+            starts.write(json.dumps({"task_id": task_id, "name": name}) + "\n")
+
+
 def _record(task_id: str, name: str, started: float, outcome: str) -> None:
     with open(RECORD_FILE, "a") as records:
         records.write(
@@ -114,6 +122,7 @@ def busy(self, label: str, seconds: float, padding: str = "") -> str:
     ``padding`` makes the message as large as wanted (through S3, past SQS's limit).
     """
     started = time.time()
+    _record_start(self.request.id, label)
     time.sleep(seconds)
     _record(self.request.id, label, started, "ok")
     return label

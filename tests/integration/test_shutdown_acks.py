@@ -47,6 +47,12 @@ def ok_deletes(bed: Bed, task: Sent) -> list[dict[str, object]]:
     return [e for e in of_action(events_of(bed, task), "delete") if e["result"] == "ok"]
 
 
+def started(bed: Bed, task: Sent) -> bool:
+    """Whether the task began to run (its line in the worker's ``IT_START_FILE``)."""
+    path = bed.logs / "starts.jsonl"
+    return path.exists() and task.task_id in path.read_text()
+
+
 def ended(bed: Bed, label: str) -> bool:
     return any(record["name"] == label for record in bed.executions())
 
@@ -58,12 +64,18 @@ def test_a_task_ending_during_a_warm_shutdown_is_deleted_before_the_worker_is_ki
     bed.create_queue(visibility_timeout=QUEUE_VISIBILITY)
     options = {"visibility_timeout": LEASE}
     with ExitStack() as stack:
-        first = start(stack, bed, pool, 2, "a", options=options)
+        first = start(
+            stack, bed, pool, 2, "a", options=options, IT_START_FILE=bed.logs / "starts.jsonl"
+        )
         first.wait_ready(GUARD)
         stack.callback(kill_leftovers, first.pool_pids())
         long = send_recorded(bed, "busy", "long", LONG_SECONDS)
         short = send_recorded(bed, "busy", "short", SHORT_SECONDS)
-        wait_for(lambda: received(first, long) and received(first, short), GUARD, "the receives")
+        # Running, not only received: a prefork worker stopping drops the jobs no child has
+        # reported taking yet, even one a child took (Celery's AsynPool.flush), and never
+        # acks it. That race is Celery's (docs/benchmarks.md, the chaos soak); this test is
+        # about the acks of tasks that surely run.
+        wait_for(lambda: started(bed, long) and started(bed, short), GUARD, "the starts")
         first.kill(signal.SIGTERM)  # warm shutdown: both tasks are running
         wait_for(lambda: ended(bed, "short"), GUARD, "the short task's end")
         # Until the short task's delete, or whatever comes first without it.
