@@ -101,10 +101,13 @@ def test_failed_entries_of_a_delete_batch_are_retried_alone(bed: Bed) -> None:
     tasks = [bed.send("busy", f"t{n}", 0.05) for n in range(12)]
     bed.server.reset_calls()
     bed.server.fail_entries("DeleteMessageBatch", "InternalError", count=3)
-    with worker(bed, "threads", 4, options={"visibility_timeout": 10}) as process:
+    # The longest batch wait: the first delete goes out once ten acks wait, so the three
+    # failing entries are in one call however slowly the machine runs the tasks.
+    options = {"visibility_timeout": 10, "ack_batch_interval": 10}
+    with worker(bed, "threads", 4, options=options) as process:
         bed.wait_for_executions(len(tasks), timeout=30)
-        wait_for(lambda: not bed.server.pending_faults(), 10)
-        wait_for(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 10)
+        wait_for(lambda: not bed.server.pending_faults(), 20)
+        wait_for(lambda: bed.server.batch_entries().get("DeleteMessageBatch", 0) >= 15, 20)
         # The server has answered the retry; the worker logs the recovery once it has read it.
         recovered = f"Deleting acked messages on queue {bed.queue} works again"
         wait_for(lambda: recovered in process.log, 5)
