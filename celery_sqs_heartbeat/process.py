@@ -10,6 +10,9 @@ of another process's:
 - ``s3_cleanup``: the S3 objects to delete once SQS confirms their messages' deletes;
 - ``lease_queues``: where each queue's renewals go, on the live channel's client;
 - ``leftovers``: the queues to remove as the process leaves;
+- ``tasks_run_on_the_loop``: whether this worker's tasks run on its event loop's thread
+  (the solo pool), set at Celery's ``worker_init``: its receive loop keeps one receive
+  per queue (:mod:`~celery_sqs_heartbeat.startup.solo_loop`);
 - ``manager`` and ``publisher``, made only when first asked for, so that a producer
   never starts the manager's thread, nor a worker the publisher's.
 
@@ -44,6 +47,7 @@ from .monitoring.metrics import LeaseMetrics, MetricsSnapshot
 from .payloads.cleanup import ObjectCleanup
 from .publishing.publisher import BatchPublisher
 from .queues.exit_cleanup import Leftovers
+from .startup.solo_loop import runs_tasks_on_the_loop
 
 __all__ = ["ProcessState", "snapshot", "this_process"]
 
@@ -61,6 +65,7 @@ class ProcessState:
         self.s3_cleanup = ObjectCleanup(self.clients)
         self.lease_queues = LeaseQueues(self.clients, self.s3_cleanup)
         self.leftovers = Leftovers()
+        self.tasks_run_on_the_loop = False
         self._lock = threading.Lock()
         self._manager: VisibilityExtensionManager | None = None
         self._publisher: BatchPublisher | None = None
@@ -140,7 +145,14 @@ def _leave_as_a_pool_child(**_: Any) -> None:
     _leave_at_exit()
 
 
+def _note_where_tasks_run(sender: Any, **_: Any) -> None:
+    """Celery's ``worker_init``, sent before the worker's consumer connects: whether its
+    pool runs tasks on the event loop's thread, which its channels read as they are made."""
+    this_process().tasks_run_on_the_loop = runs_tasks_on_the_loop(sender.pool_cls)
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_afresh_in_child)
 atexit.register(_leave_at_exit)
 signals.worker_process_shutdown.connect(_leave_as_a_pool_child, weak=False)
+signals.worker_init.connect(_note_where_tasks_run, weak=False)

@@ -85,6 +85,7 @@ from .publishing.send_delay import SendDelays
 from .publishing.sender import Sender
 from .queues.cleanup import AutoDeleteQueues
 from .queues.keeper import QueueKeeper
+from .receiving.chains import most_receives_in_flight
 from .receiving.intake import Intake
 from .receiving.parker import Parker
 from .receiving.receipt_redaction import redact_celery_reports
@@ -195,7 +196,9 @@ class Channel(SQSChannel):
             connection.clock,
             super()._schedule_queue,
             self._polling_interval,
-            self.options.receives_in_flight,
+            most_receives_in_flight(
+                self.options.receives_in_flight, this_process().tasks_run_on_the_loop
+            ),
         )
         self.payload_reader = PayloadReader(
             self,
@@ -528,7 +531,13 @@ def _say_at_worker_ready(sender: Any, **_: Any) -> None:
         return
     store = transport.payload_store
     logger.info(
-        "%s", settings_line.describe(transport.heartbeat_options, store.options, store.access)
+        "%s",
+        settings_line.describe(
+            transport.heartbeat_options,
+            store.options,
+            store.access,
+            tasks_run_on_the_loop=this_process().tasks_run_on_the_loop,
+        ),
     )
     if not sender.app.conf.worker_enable_remote_control:
         return

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_RECEIVES_IN_FLIGHT",
     "Receive",
     "ReceiveChains",
+    "most_receives_in_flight",
     "receive_size",
 ]
 
@@ -54,6 +55,13 @@ DEFAULT_RECEIVES_IN_FLIGHT = 4
 #: (``max_pool_connections``) and kombu's event-loop HTTP client ten requests at a time
 #: (``CurlClient(max_clients=10)``); more would wait for a connection, not be in flight.
 MAX_RECEIVES_IN_FLIGHT = 10
+
+
+def most_receives_in_flight(receives_in_flight: int, tasks_run_on_the_loop: bool) -> int:
+    """The chains a queue may run: ``receives_in_flight``, or one on a worker whose tasks
+    run on the event loop (the solo pool), where an answer that comes in during a task
+    waits unread past its lease (:mod:`~celery_sqs_heartbeat.startup.solo_loop`)."""
+    return 1 if tasks_run_on_the_loop else receives_in_flight
 
 
 #: What an answer "returned" when its receive failed, or was not made (a queue in backoff).

@@ -23,10 +23,26 @@ def describe(
     options: HeartbeatOptions,
     payloads: LargePayloadOptions | None,
     access: PayloadAccess | None = None,
+    tasks_run_on_the_loop: bool = False,
 ) -> str:
-    """The settings in plain words, each with the option that sets it."""
+    """The settings in plain words, each with the option that sets it.
+
+    ``tasks_run_on_the_loop``: the worker's pool runs tasks on its event loop (solo).
+    """
     parts = [_leases(options), _releases(options), _parking(options), _large_payloads(payloads)]
-    return "; ".join([*parts, *_s3_guards(payloads, access)])
+    return "; ".join(
+        [*parts, *_receives(options, tasks_run_on_the_loop), *_s3_guards(payloads, access)]
+    )
+
+
+def _receives(options: HeartbeatOptions, tasks_run_on_the_loop: bool) -> list[str]:
+    """A solo worker's one receive per queue, when the option asked for more."""
+    if tasks_run_on_the_loop and options.receives_in_flight > 1:
+        return [
+            "one receive per queue at a time, not receives_in_flight="
+            f"{options.receives_in_flight}: tasks run on the event loop (solo pool)"
+        ]
+    return []
 
 
 def _leases(options: HeartbeatOptions) -> str:

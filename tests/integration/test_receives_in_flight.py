@@ -10,6 +10,7 @@ poll at a time. With ``receives_in_flight`` 1 no two receives overlap, as with k
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -127,3 +128,37 @@ def test_with_one_receive_in_flight_no_two_receives_overlap(bed: Bed) -> None:
 
     assert bed.runs_per_task() == dict.fromkeys(run["sent"], 1), run["log"]
     assert calls == 1, run["backlog"]
+
+
+#: The solo cell's lease: its tasks outlive it, so an answer that waits for one is late.
+SOLO_LEASE = 3
+
+
+def test_a_solo_worker_keeps_one_receive_in_flight(bed: Bed) -> None:
+    """A solo worker runs each task on its event loop: an answer that came in meanwhile
+    would wait unread past its lease (SQS hands the message out again, and the worker
+    drops the late copy). So its queue keeps kombu's one receive at a time, each sized to
+    the whole window, whose messages are all leased before the first task starts."""
+    bed.create_queue(visibility_timeout=SOLO_LEASE)
+    sent = [bed.send("busy", f"t{n}", SOLO_LEASE + 1) for n in range(4)]
+    bed.server.reset_calls()
+    with worker(
+        bed,
+        "solo",
+        1,
+        options={"visibility_timeout": SOLO_LEASE},
+        IT_PREFETCH_MULTIPLIER=2,
+    ) as process:
+        bed.wait_for_executions(len(sent), timeout=GUARD)
+        receives = receives_of(bed, bed.server.call_log())
+        log = process.log
+    received = collections.Counter(
+        event["message_id"]
+        for event in bed.server.events()
+        if event["queue"].endswith(bed.queue) and event["action"] == "receive"
+    )
+    report("receives in flight/solo", receives=len(receives), received=dict(received))
+    assert bed.runs_per_task() == dict.fromkeys(sent, 1), log
+    assert most_in_flight(receives)[0] == 1, receives
+    assert sorted(received.values()) == [1, 1, 1, 1], (received, log)
+    assert "Not running" not in log, log

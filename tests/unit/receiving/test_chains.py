@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from celery_sqs_heartbeat.receiving.chains import FAILED, Receive, ReceiveChains, receive_size
+from celery_sqs_heartbeat.receiving.chains import (
+    FAILED,
+    Receive,
+    ReceiveChains,
+    most_receives_in_flight,
+    receive_size,
+)
 
 FULL = 10
 
@@ -193,3 +199,9 @@ def test_a_blocking_round_fits_the_room_left_and_the_chains_the_window_holds() -
     assert chains.round("jobs", 10) == [Receive(10, long_poll=True)]
     window.size, window.delivered = 20, 0  # a window of two full calls
     assert len(chains.round("jobs", 10)) == 2
+
+
+def test_a_worker_whose_tasks_run_on_the_loop_keeps_one_receive_per_queue() -> None:
+    assert most_receives_in_flight(4, tasks_run_on_the_loop=True) == 1
+    assert most_receives_in_flight(4, tasks_run_on_the_loop=False) == 4
+    assert most_receives_in_flight(1, tasks_run_on_the_loop=False) == 1

@@ -254,6 +254,18 @@ def test_the_settings_line_without_renewals_and_every_body_through_s3() -> None:
     assert line.endswith("; every body goes through s3://task-bodies/ (large_payload_threshold)")
 
 
+def test_the_settings_line_of_a_solo_worker_says_it_receives_one_at_a_time() -> None:
+    options = HeartbeatOptions.from_transport_options({"receives_in_flight": 3})
+
+    assert describe(options, None, tasks_run_on_the_loop=True).endswith(
+        "; one receive per queue at a time, not receives_in_flight=3: tasks run on the "
+        "event loop (solo pool)"
+    )
+    assert "one receive per queue" not in describe(options, None)
+    single = HeartbeatOptions.from_transport_options({"receives_in_flight": 1})
+    assert "one receive per queue" not in describe(single, None, tasks_run_on_the_loop=True)
+
+
 def test_a_ready_worker_of_this_transport_logs_the_line(caplog: pytest.LogCaptureFixture) -> None:
     connection = Connection(
         "sqs://",
