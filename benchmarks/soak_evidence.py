@@ -34,14 +34,18 @@ def runs_and_receipts(records: Path) -> tuple[list[TaskRun], list[Receipt]]:
     return runs, receipts
 
 
-def chaos_of(acts: Sequence[dict[str, Any]], lease: float, receive_slack: float) -> Chaos:
-    """The driver's acts that may make SQS hand a message out again."""
+def chaos_of(
+    acts: Sequence[dict[str, Any]], lease: float, receive_slack: float, pool: str
+) -> Chaos:
+    """The driver's acts that may make SQS hand a message out again, on ``pool``'s workers."""
     return Chaos(
         lease,
         receive_slack=receive_slack,
         kills=[Kill(a["worker"], a["t"]) for a in acts if a["kind"] == "sigkill"],
         outages=[OutageWindow(a["t"], a["seconds"]) for a in acts if a["kind"] == "outage"],
         crashes=[Kill(a["worker"], a["t"]) for a in acts if a["kind"] == "crashed"],
+        warm_stops=[Kill(a["worker"], a["t"]) for a in acts if a["kind"] == "sigterm"],
+        prefork=pool == "prefork",
     )
 
 

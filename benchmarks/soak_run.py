@@ -34,6 +34,14 @@ from celery_sqs_heartbeat.testing import StrictSQSServer
 #: The fraction of the workers' calls that fail all along, as SQS's 5xx do now and then.
 BACKGROUND_FAILURES = 0.03
 
+#: Connections each worker loses before the chaos, its memory judged from after them: a
+#: worker's first lost connections raise its memory by some 30 MiB, to a level it then
+#: keeps through any number more (every pool, 20 to 60 drops, docs/benchmarks.md), which
+#: a short run would take for a leak.
+WARM_UP_RECONNECTS = 5
+#: A failure guard for each warm-up reconnect.
+RECONNECT_GUARD = 60.0
+
 
 @dataclass(frozen=True)
 class SoakSettings:
@@ -116,6 +124,8 @@ class PoolRun:
         self.driver = Driver(
             server, self.slots, self.env, workdir / "driver.jsonl", settings.chaos.grace
         )
+        #: When each worker that went through the warm-up reconnects had done so, by name.
+        self.warmed: dict[str, float] = {}
 
     def run(self) -> PoolResult:
         began = time.monotonic()
@@ -148,6 +158,7 @@ class PoolRun:
         for slot in self.slots:
             if not wait_ready(slot.start(), 60):
                 raise RuntimeError(f"{slot.node} did not start; see {self.workdir}")
+        self._warm_up()
         producer = self._chaos()
         self._drain(producer)
         reaped = self._reap()
@@ -187,6 +198,24 @@ class PoolRun:
         for log in self.workdir.glob("worker-*.log"):
             parked |= set(_PARKED.findall(log.read_text(errors="replace")))
         return len(parked)
+
+    def _warm_up(self) -> None:
+        """Every worker loses its connection :data:`WARM_UP_RECONNECTS` times, one drop
+        after the reconnect of the one before, before any task is published."""
+        fleet = [incarnation for slot in self.slots if (incarnation := slot.current)]
+        for _ in range(WARM_UP_RECONNECTS):
+            before = {incarnation.name: incarnation.connects() for incarnation in fleet}
+            for slot in self.slots:
+                slot.drop_connection()
+            deadline = time.monotonic() + RECONNECT_GUARD
+            while any(i.connects() <= before[i.name] for i in fleet):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"a warm-up reconnect did not come; see {self.workdir}")
+                time.sleep(0.2)
+        self.driver.sample()
+        now = time.time()
+        self.warmed = {incarnation.name: now for incarnation in fleet}
+        self.driver.log("warmed", reconnects=WARM_UP_RECONNECTS)
 
     def _chaos(self) -> Producer:
         settings = self.settings
@@ -265,21 +294,26 @@ class PoolRun:
             producer.published,
             runs,
             receipts,
-            chaos_of(self.driver.acts, self.settings.lease, self.settings.receive_slack),
+            chaos_of(
+                self.driver.acts, self.settings.lease, self.settings.receive_slack, self.pool
+            ),
         )
 
     def _memory(self) -> list[Any]:
-        """The last incarnation of each slot, from its warm-up to its warm stop."""
+        """Each worker that lived through the run, from its warm-up to its warm stop: after
+        its warm-up reconnects and ``memory_warmup`` s (its first tasks of each shape). A
+        worker restarted in the chaos lives too short a life to tell a leak from its
+        warm-up, and is not judged."""
         settings = self.settings
         verdicts = []
         for slot in self.slots:
             current = slot.current
-            if current is None:
+            if current is None or current.name not in self.warmed or not current.samples:
                 continue
             verdict = memory_verdict(
                 current.name,
                 current.samples,
-                settings.memory_warmup,
+                max(self.warmed[current.name], current.samples[0][0] + settings.memory_warmup),
                 int(settings.memory_margin_mib * 1024 * 1024),
                 settings.memory_margin_ratio,
             )

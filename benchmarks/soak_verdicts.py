@@ -5,7 +5,10 @@ workers wrote, the driver's SIGKILLs and outages) and judges, with no clock and 
 
 At-least-once allows a second run only where the first worker could not delete the
 message: it was SIGKILLed after it took the task, or an outage longer than the lease cut
-it off while it held the message. Any other second run is a defect, and so reported.
+it off while it held the message. One more is Celery's own, named apart: a prefork
+worker that is stopping drops the jobs whose start no child has reported yet, one a
+child has taken included (``AsynPool.flush``), and never acks them, on any broker.
+Any other second run is a defect, and so reported.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from typing import Literal
 #: A run's outcome, as the soak's tasks record it: ``failed`` is a planned failure (the
 #: message is released and runs again), ``retry`` a run that published its retry.
 Outcome = Literal["ok", "failed", "retry"]
-Reason = Literal["sigkilled", "cut off by an outage", "its worker died by itself"]
+Reason = Literal[
+    "sigkilled",
+    "cut off by an outage",
+    "begun as its prefork worker stopped (Celery)",
+    "its worker died by itself",
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,9 @@ class Chaos:
     #: How long before Celery's ``task_received`` the worker may have received the
     #: message from SQS: a solo worker delivers it only once its running task ends.
     receive_slack: float = 0.0
+    #: The warm shutdowns (SIGTERM) the driver asked for, and whether the pool is prefork.
+    warm_stops: Sequence[Kill] = ()
+    prefork: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +186,12 @@ def explain(
     SQS for a whole lease. The
     one cut off may run second: it received the message first, and kept the copy it had.
 
+    Begun as its prefork worker stopped: the earlier run started after its prefork
+    worker was sent SIGTERM. Celery's pool, stopping, ignores a job whose start no child
+    has reported, even one a child runs, and never acks it; the channel's close then
+    releases the message (or its lease runs out) and another worker runs it again. On
+    Redis too; the transport cannot tell such a job from one never handed to a child.
+
     Its worker died by itself: as a SIGKILL, but a defect (``Chaos.crashes``), looked at
     only when nothing the driver did explains the run.
     """
@@ -191,6 +208,8 @@ def explain(
                 for outage in chaos.outages
             ):
                 return "cut off by an outage"
+    if chaos.prefork and any(_begun_after(before, chaos.warm_stops) for before in earlier):
+        return "begun as its prefork worker stopped (Celery)"
     if any(_ended_between(before, run, chaos.crashes) for before in earlier):
         return "its worker died by itself"
     return None
@@ -199,6 +218,11 @@ def explain(
 def _ended_between(before: TaskRun, run: TaskRun, ends: Sequence[Kill]) -> bool:
     """The worker of ``before`` ended after that run started and before ``run`` did."""
     return any(end.worker == before.worker and before.start <= end.at <= run.start for end in ends)
+
+
+def _begun_after(before: TaskRun, stops: Sequence[Kill]) -> bool:
+    """The run ``before`` started after its worker was told to stop."""
+    return any(stop.worker == before.worker and stop.at <= before.start for stop in stops)
 
 
 def out_of_order(tasks: Sequence[Published], by_task: dict[str, list[TaskRun]]) -> list[str]:
@@ -236,20 +260,17 @@ class MemoryVerdict:
 def memory_verdict(
     worker: str,
     samples: Sequence[tuple[float, int]],
-    warmup: float,
+    since: float,
     margin_bytes: int,
     margin_ratio: float,
 ) -> MemoryVerdict | None:
-    """Memory at the end against the first sample ``warmup`` s after the first one (its
-    imports and first tasks of each shape are done by then); None if it lived too short.
+    """Memory at the end against the first sample at or after ``since``, the end of the
+    worker's warm-up; None if it lived too short.
 
     The allowance is the larger of the margins: a fixed one for a small worker, a
     fraction of its size for a large prefork pool.
     """
-    if not samples:
-        return None
-    first = samples[0][0]
-    after = [(t, rss) for t, rss in samples if t >= first + warmup]
+    after = [(t, rss) for t, rss in samples if t >= since]
     if len(after) < 2:
         return None
     start, end = after[0][1], after[-1][1]

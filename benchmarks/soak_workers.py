@@ -36,6 +36,10 @@ class Incarnation:
     def ready(self) -> bool:
         return "ready." in self.log.read_text(errors="replace")
 
+    def connects(self) -> int:
+        """How many times its consumer has connected (Celery logs "Connected to" each time)."""
+        return self.log.read_text(errors="replace").count("Connected to")
+
 
 class WorkerSlot:
     """Slot ``index`` of the fleet: the incarnation now running, and every earlier one."""

@@ -43,7 +43,9 @@ def test_records_split_into_runs_and_receipts(evidence: ModuleType, tmp_path: Pa
     assert evidence.runs_and_receipts(tmp_path / "none.jsonl") == ([], [])
 
 
-def test_the_driver_s_acts_give_kills_outages_and_crashes_only(evidence: ModuleType) -> None:
+def test_the_driver_s_acts_give_kills_outages_crashes_and_warm_stops(
+    evidence: ModuleType,
+) -> None:
     acts = [
         {"t": 1.0, "kind": "sigkill", "worker": "w2.1"},
         {"t": 2.0, "kind": "sigkill", "worker": "w3.1", "after": "grace"},
@@ -52,11 +54,13 @@ def test_the_driver_s_acts_give_kills_outages_and_crashes_only(evidence: ModuleT
         {"t": 5.0, "kind": "sigterm", "worker": "w2.2"},
         {"t": 6.0, "kind": "throttle", "seconds": 1.0},
     ]
-    chaos = evidence.chaos_of(acts, 8.0, 13.0)
-    assert (chaos.lease, chaos.receive_slack) == (8.0, 13.0)
+    chaos = evidence.chaos_of(acts, 8.0, 13.0, "prefork")
+    assert (chaos.lease, chaos.receive_slack, chaos.prefork) == (8.0, 13.0, True)
     assert [(k.worker, k.at) for k in chaos.kills] == [("w2.1", 1.0), ("w3.1", 2.0)]
     assert [(o.start, o.seconds) for o in chaos.outages] == [(3.0, 12.0)]
     assert [(c.worker, c.at) for c in chaos.crashes] == [("w1.1", 4.0)]
+    assert [(s.worker, s.at) for s in chaos.warm_stops] == [("w2.2", 5.0)]
+    assert not evidence.chaos_of(acts, 8.0, 13.0, "threads").prefork
 
 
 def test_published_tasks_come_back_as_written(evidence: ModuleType, tmp_path: Path) -> None:

@@ -34,6 +34,8 @@ def judge(v: ModuleType, runs: list[Any], shape: str = "short", **chaos: Any) ->
             chaos.pop("outages", []),
             chaos.pop("crashes", []),
             chaos.pop("receive_slack", 0.0),
+            chaos.pop("warm_stops", []),
+            chaos.pop("prefork", False),
         ),
     )
 
@@ -175,13 +177,42 @@ def test_a_fifo_task_started_before_the_one_ahead_completed_breaks_the_order(
     assert fifo(v, (1, 3, 4), (2, 7, 8)) == ["g-1"]
 
 
+PREFORK_STOP = "begun as its prefork worker stopped (Celery)"
+
+
+def test_a_run_begun_after_its_prefork_worker_was_told_to_stop_is_celery_s(
+    v: ModuleType,
+) -> None:
+    runs = [run(v, "w2.1", 10.03, 10.2), run(v, "w1.1", 25, 26)]
+    tally = judge(v, runs, warm_stops=[v.Kill("w2.1", 10.0)], prefork=True)
+    assert tally.duplicates_by_reason() == {PREFORK_STOP: 1}
+    assert tally.unexplained == []
+
+
+@pytest.mark.parametrize(
+    ("stop", "prefork"),
+    [
+        (("w2.1", 10.5), True),  # told to stop after the run began: it runs on, and is acked
+        (("w3.1", 9.0), True),  # another worker's stop
+        (("w2.1", 10.0), False),  # threads, gevent, solo: a stopping worker acks what it began
+    ],
+)
+def test_a_warm_stop_explains_nothing_else(
+    v: ModuleType, stop: tuple[str, float], prefork: bool
+) -> None:
+    runs = [run(v, "w2.1", 10.03, 10.2), run(v, "w1.1", 25, 26)]
+    tally = judge(v, runs, warm_stops=[v.Kill(*stop)], prefork=prefork)
+    assert [d.reason for d in tally.duplicates] == [None]
+
+
 MIB = 1024 * 1024
 
 
-def test_memory_is_judged_from_the_first_sample_after_the_warm_up(v: ModuleType) -> None:
+def test_memory_is_judged_from_the_first_sample_at_or_after_the_warm_up(v: ModuleType) -> None:
     samples = [(0.0, 50 * MIB), (10.0, 90 * MIB), (30.0, 100 * MIB), (300.0, 110 * MIB)]
     verdict = v.memory_verdict("w1.1", samples, 20.0, 20 * MIB, 0.15)
     assert (verdict.start, verdict.end, verdict.ok) == (100 * MIB, 110 * MIB, True)
+    assert v.memory_verdict("w1.1", samples, 10.0, 5 * MIB, 0.0).start == 90 * MIB
 
 
 def test_memory_beyond_both_margins_fails(v: ModuleType) -> None:
@@ -192,5 +223,5 @@ def test_memory_beyond_both_margins_fails(v: ModuleType) -> None:
 
 
 def test_a_worker_that_lived_shorter_than_its_warm_up_is_not_judged(v: ModuleType) -> None:
-    assert v.memory_verdict("w2.3", [(0.0, MIB), (5.0, MIB)], 20.0, MIB, 0.1) is None
+    assert v.memory_verdict("w2.3", [(100.0, MIB), (105.0, MIB)], 120.0, MIB, 0.1) is None
     assert v.memory_verdict("w2.3", [], 20.0, MIB, 0.1) is None
