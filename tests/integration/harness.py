@@ -69,6 +69,9 @@ class Bed:
             AWS_ACCESS_KEY_ID="testing",
             AWS_SECRET_ACCESS_KEY=SECRET_KEY,
             AWS_DEFAULT_REGION="us-east-1",
+            # A process that hangs at its stop is ended with SIGABRT, and Python's fault
+            # handler then writes every thread's stack to its log (stop_or_show_stacks).
+            PYTHONFAULTHANDLER="1",
         )
         env.update({key: str(value) for key, value in overrides.items()})
         return env
@@ -405,15 +408,39 @@ class Worker:
         return [pid for pid, ppid in _process_parents().items() if ppid == self.process.pid]
 
     def warm_shutdown(self, timeout: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout)
+            return stop_or_show_stacks(self.process, signal.SIGTERM, timeout, self.log_path)
         finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
             self._log.close()
+
+
+#: How long a process still running past its stop has to write its threads' stacks.
+STACKS_GUARD = 10
+
+
+def stop_or_show_stacks(process: subprocess.Popen[Any], sig: int, timeout: float, log: Path) -> int:
+    """Send ``sig`` and wait up to ``timeout`` for the process to exit: its exit status.
+
+    One still running then is ended with SIGABRT: Python's fault handler
+    (``PYTHONFAULTHANDLER``, set by :meth:`Bed.env`) writes the stack of every thread to
+    its log, and the failure shows that log, so that a hang at a stop says where it hung.
+    """
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            process.wait(STACKS_GUARD)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        command = " ".join(map(str, process.args))
+        raise AssertionError(
+            f"{command} was still running {timeout:g} s after signal {sig}; its log, "
+            f"ending with its threads' stacks:\n{log.read_text(errors='replace')[-20000:]}"
+        ) from None
 
 
 @contextmanager

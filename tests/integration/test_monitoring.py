@@ -20,7 +20,14 @@ import boto3
 from celery import Celery
 from kombu import Producer
 
-from tests.integration.harness import REPO, Bed, needs_sns_fanout, wait_for, worker
+from tests.integration.harness import (
+    REPO,
+    Bed,
+    needs_sns_fanout,
+    stop_or_show_stacks,
+    wait_for,
+    worker,
+)
 from tests.ports import free_port
 
 LEASE = 3
@@ -51,14 +58,9 @@ class Process:
         return self.path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
         try:
-            return self.process.wait(timeout)
+            return stop_or_show_stacks(self.process, sig, timeout, self.path)
         finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
             self._out.close()
 
 
