@@ -94,8 +94,12 @@ def _side_by_side(calls: list[Callable[[], T]]) -> list[T | BaseException]:
         except BaseException as exc:
             outcomes[index] = exc
 
+    # Daemon threads: a process stopped while a round is out (Ctrl-C in `celery events`)
+    # must not wait for its calls to exit; Python 3.13 waits for any other thread.
     threads = [
-        threading.Thread(target=run, args=(index,), name="celery-sqs-heartbeat-receive")
+        threading.Thread(
+            target=run, args=(index,), name="celery-sqs-heartbeat-receive", daemon=True
+        )
         for index in range(1, len(calls))
     ]
     for thread in threads:

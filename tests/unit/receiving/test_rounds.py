@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from queue import Empty
 from typing import Any
@@ -10,6 +13,9 @@ import pytest
 
 from celery_sqs_heartbeat.receiving.chains import Receive, ReceiveChains, receive_size
 from celery_sqs_heartbeat.receiving.rounds import ReceiveRounds, asks_without_wait
+
+#: A failure guard only: the process exits at once.
+EXIT_GUARD = 30
 
 
 def rounds_after(answers: list[tuple[int, int]]) -> tuple[ReceiveRounds, ReceiveChains]:
@@ -97,3 +103,47 @@ def test_an_unexpected_error_is_raised_once_every_call_is_back() -> None:
     with pytest.raises(RuntimeError, match="a bug"):
         rounds.receive("jobs", 10, one_receive)
     assert sorted(back) == ["answered", "failed"]
+
+
+#: A monitor (``celery events``) stopped with Ctrl-C while a round's other call hangs: the
+#: call on its thread says so once the main thread waits for it, then waits for ever.
+STOPPED_IN_A_ROUND = """
+import sys, threading
+from celery_sqs_heartbeat.receiving.rounds import _side_by_side
+
+main = threading.main_thread().ident
+
+def main_joins():
+    frame = sys._current_frames()[main]
+    while frame is not None and frame.f_code.co_name != "join":
+        frame = frame.f_back
+    return frame is not None
+
+def hangs():
+    while not main_joins():
+        threading.Event().wait(0.01)
+    print("round started", flush=True)
+    threading.Event().wait()
+
+try:
+    _side_by_side([lambda: ({}, 0), hangs])
+except KeyboardInterrupt:  # as Celery's monitors do: Ctrl-C ends them normally
+    pass
+"""
+
+
+def test_a_call_still_out_in_a_round_does_not_hold_the_process_at_its_exit() -> None:
+    """Ctrl-C ends the round's wait; the call still on its thread must not keep the
+    process from exiting. Python 3.13 waits at exit for a thread whose join Ctrl-C
+    interrupted (3.10 to 3.12 do not): a monitor stopped with SIGINT waited for it."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_IN_A_ROUND], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "round started\n"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(EXIT_GUARD) == 0
+    finally:
+        process.kill()
+        process.wait()
