@@ -7,20 +7,15 @@ from typing import Any
 import pytest
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
-from tests.integration.harness import Bed, leaks, new_bed
+from tests.integration.harness import Bed, fresh_bed, leaks, new_bed
 from tests.integration.iam import enforcing
 
 
 @pytest.fixture
 def bed(sqs_server: StrictSQSServer, tmp_path: Path) -> Bed:
-    """A fresh queue and record file on the shared SQS server.
-
-    Each test starts as if a minute had passed since the queues of the tests before it
-    were deleted: SQS refuses such a name for a minute, and tests share the server and
-    worker names (``w1``'s mailbox), so one test's delete would fail the next one.
-    """
-    sqs_server.forget_deleted_queues()
-    return new_bed(sqs_server, tmp_path)
+    """A fresh queue and record file on the shared SQS server, with none of the faults
+    or deleted queue names of the tests before (:func:`fresh_bed`)."""
+    return fresh_bed(sqs_server, tmp_path)
 
 
 @pytest.fixture

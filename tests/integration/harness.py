@@ -331,6 +331,19 @@ def broker_url(server: StrictSQSServer, access_key_id: str, secret_access_key: s
     return f"sqs://{user}:{password}@127.0.0.1:{server.port}"
 
 
+def fresh_bed(server: StrictSQSServer, tmp_path: Path) -> Bed:
+    """A new bed on a server the tests before it used, as if they had never run.
+
+    Their faults go: a counted fault a test did not use up (three slow deletes where its
+    workers made two calls) would hit the next test's calls. And it is as if a minute had
+    passed since their queues were deleted: SQS refuses such a name for a minute, and
+    tests share worker names (``w1``'s mailbox), so one test's delete would fail the next.
+    """
+    server.clear_faults()
+    server.forget_deleted_queues()
+    return new_bed(server, tmp_path)
+
+
 def new_bed(server: StrictSQSServer, tmp_path: Path) -> Bed:
     return Bed(
         server=server,
