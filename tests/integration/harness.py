@@ -394,6 +394,7 @@ class Worker:
             env={**env, "IT_WORKER_NAME": name},
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=as_from_a_terminal,
         )
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -425,6 +426,15 @@ class Worker:
             return stop_or_show_stacks(self.process, signal.SIGTERM, timeout, self.log_path)
         finally:
             self._log.close()
+
+
+def as_from_a_terminal() -> None:
+    """In a started ``celery`` process: Ctrl-C (SIGINT) and SIGQUIT do what they do for a
+    user at a terminal. A command run in the background by a non-interactive shell (as
+    some CI runners start the tests) ignores both, and its children inherit that: a
+    monitor told to stop with SIGINT ran on, and a test's stop hung."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 #: How long a process still running past its stop has to write its threads' stacks.

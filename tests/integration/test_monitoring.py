@@ -23,6 +23,7 @@ from kombu import Producer
 from tests.integration.harness import (
     REPO,
     Bed,
+    as_from_a_terminal,
     needs_sns_fanout,
     stop_or_show_stacks,
     wait_for,
@@ -49,6 +50,7 @@ class Process:
             env=bed.env(options=options, **env),
             stdout=self._out,
             stderr=subprocess.STDOUT,
+            preexec_fn=as_from_a_terminal,
         )
 
     @property
