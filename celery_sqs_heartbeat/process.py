@@ -147,8 +147,10 @@ def _leave_as_a_pool_child(**_: Any) -> None:
 
 def _note_where_tasks_run(sender: Any, **_: Any) -> None:
     """Celery's ``worker_init``, sent before the worker's consumer connects: whether its
-    pool runs tasks on the event loop's thread, which its channels read as they are made."""
-    this_process().tasks_run_on_the_loop = runs_tasks_on_the_loop(sender.pool_cls)
+    pool runs tasks on the event loop's thread, which its channels read as they are made.
+    Any other pool leaves the state untouched (a worker on another broker makes none)."""
+    if runs_tasks_on_the_loop(sender.pool_cls):
+        this_process().tasks_run_on_the_loop = True
 
 
 if hasattr(os, "register_at_fork"):

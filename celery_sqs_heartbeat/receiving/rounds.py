@@ -95,7 +95,8 @@ def _side_by_side(calls: list[Callable[[], T]]) -> list[T | BaseException]:
             outcomes[index] = exc
 
     # Daemon threads: a process stopped while a round is out (Ctrl-C in `celery events`)
-    # must not wait for its calls to exit; Python 3.13 waits for any other thread.
+    # must not wait at its exit for the round's other calls. Python 3.13 waits there for a
+    # thread whose join Ctrl-C interrupted; 3.10 to 3.12 do not.
     threads = [
         threading.Thread(
             target=run, args=(index,), name="celery-sqs-heartbeat-receive", daemon=True
