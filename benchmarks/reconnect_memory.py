@@ -32,7 +32,7 @@ from pathlib import Path
 
 import boto3
 from bench_workers import BENCH_DIR, local_server_env
-from soak_workers import process_parents, tree_rss
+from soak_workers import connections_made, process_parents, tree_rss
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
@@ -85,7 +85,7 @@ def measure(pool: str, drops: int, workdir: Path) -> list[float]:
 
 
 def _connected_more_than(log: Path, times: int) -> bool:
-    return log.read_text(errors="replace").count("Connected to") > times
+    return connections_made(log) > times
 
 
 def _wait(done: Callable[[], bool], guard: float, log: Path) -> None:

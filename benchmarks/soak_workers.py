@@ -37,8 +37,7 @@ class Incarnation:
         return "ready." in self.log.read_text(errors="replace")
 
     def connects(self) -> int:
-        """How many times its consumer has connected (Celery logs "Connected to" each time)."""
-        return self.log.read_text(errors="replace").count("Connected to")
+        return connections_made(self.log)
 
 
 class WorkerSlot:
@@ -136,6 +135,12 @@ class WorkerSlot:
         except subprocess.TimeoutExpired:
             self.sigkill()
             return False
+
+
+def connections_made(log: Path) -> int:
+    """How many times a worker's consumer has connected, by its log: Celery logs
+    "Connected to" at each connect."""
+    return log.read_text(errors="replace").count("Connected to")
 
 
 def wait_ready(incarnation: Incarnation, timeout: float) -> bool:
