@@ -106,9 +106,11 @@ def test_an_unexpected_error_is_raised_once_every_call_is_back() -> None:
 
 
 #: A monitor (``celery events``) stopped with Ctrl-C while a round's other call hangs: the
-#: call on its thread says so once the main thread waits for it, then waits for ever.
+#: call on its thread says so once the main thread waits for it, then waits for ever. It
+#: says so with ``os.write``: a ``print`` still holding stdout's lock when Ctrl-C comes
+#: leaves the lock to a thread frozen at exit, and Python aborts flushing stdout.
 STOPPED_IN_A_ROUND = """
-import sys, threading
+import os, sys, threading
 from celery_sqs_heartbeat.receiving.rounds import _side_by_side
 
 main = threading.main_thread().ident
@@ -122,7 +124,7 @@ def main_joins():
 def hangs():
     while not main_joins():
         threading.Event().wait(0.01)
-    print("round started", flush=True)
+    os.write(sys.stdout.fileno(), b"round started\\n")
     threading.Event().wait()
 
 try:
