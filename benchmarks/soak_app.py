@@ -140,7 +140,7 @@ _drop = threading.Event()
 def _drop_the_connection_on_sigusr2(sender: Any, **_: Any) -> None:
     signal.signal(signal.SIGUSR2, lambda *_: _drop.set())
     if sender.hub is None:
-        _fail_the_next_drain(type(sender.connection))
+        _fail_the_next_drain(sender)
         return
     threading.Thread(target=_lose_on_the_loop, args=(sender.hub,), daemon=True).start()
 
@@ -158,13 +158,16 @@ def _lose_on_the_loop(hub: Any) -> None:
         hub.call_soon(_lose)
 
 
-def _fail_the_next_drain(connection_class: type) -> None:
+def _fail_the_next_drain(consumer: Any) -> None:
     """Celery's blocking loop (gevent) waits in ``drain_events`` of a connection made anew
-    at each reconnect, so the class is patched: the next wait after a SIGUSR2 raises."""
+    at each reconnect, so the class is patched: the consumer's next wait after a SIGUSR2
+    raises. Only the consumer's: the remote-control node's greenlet drains a connection of
+    the same class, and a drop it took ended that loop, not the consumer's (no reconnect)."""
+    connection_class = type(consumer.connection)
     drain = connection_class.drain_events
 
     def drain_or_drop(self: Any, **kwargs: Any) -> Any:
-        if _drop.is_set():
+        if self is consumer.connection and _drop.is_set():
             _drop.clear()
             _lose()
         return drain(self, **kwargs)

@@ -1,19 +1,17 @@
-"""The chaos soak's short mode, as CI runs it: one pool for a minute of chaos (100 to 150 s
-with start-up, drain, reaper and stop on a 2-core machine), every check passed.
+"""The chaos soak's short mode, as CI runs it: each pool for a minute of chaos (two to
+three minutes with the warm-up, drain, reaper and stop on a 2-core machine), every check
+passed.
 
 The verdicts' logic has unit tests (test_soak_verdicts.py); this proves the whole chain
 on real workers: that the driver did inject every kind of fault (a soak whose faults
-never fired would pass on an undisturbed fleet), that the countdowns were parked, and
-that the pool's row says pass.
+never fired would pass on an undisturbed fleet), that the countdowns were parked (but on
+solo, whose one worker busy with a long task takes a countdown late, within the parking
+threshold, and holds it), and that the pool's row says pass.
 
-A gevent fleet, seed 280, so that the two defects the soak found in the other pools and
-seeds do not fail CI while they are open (each is held by a strict xfail): a worker on an
-event loop exits when SQS fails the delete of a broadcast
-(``tests/integration/test_mailbox_delete_faults.py``; gevent deletes it blocking and lives
-on), and a worker that connects while SQS answers 5xx exits
-(``tests/integration/test_reconnect_in_outage.py``; seed 280 puts the minute's outage,
-41 s in, where no worker stops, restarts, drops its connection or is sent a broadcast).
-With both fixed, any pool and seed passes.
+Every pool on the same seed, each on a server of its own: the seed fixes the plan (which
+fault, when, to which worker) and the tasks' order; when each lands against the workers'
+work is the machine's, so a failure here is a failure of a check, to be read in the kept
+logs (``--judge`` replays the verdicts), never a run to try again.
 """
 
 from __future__ import annotations
@@ -30,41 +28,48 @@ from tests.benchmarks.bench_modules import BENCH_DIR, bench_module
 
 REPO = BENCH_DIR.parent
 
+#: The plan's seed, the same for every pool.
+SEED = "280"
+
+#: A failure guard for one pool's run: a minute of chaos, the warm-up and the drain.
+RUN_GUARD = 900
+
 
 @pytest.mark.integration
-@pytest.mark.soak
 @pytest.mark.skipif(
     not KOMBU_BROADCASTS_THROUGH_SNS,
     reason="the soak's monitors and sqs-reap need kombu 5.7's SNS fanout",
 )
-def test_a_minute_of_chaos_on_a_gevent_fleet_passes_every_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent", "solo"])
+def test_a_minute_of_chaos_passes_every_check(pool: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable,
             str(BENCH_DIR / "chaos_soak.py"),
             "--pools",
-            "gevent",
+            pool,
             "--minutes",
             "1",
             "--seed",
-            "280",
+            SEED,
             "--workdir",
             str(tmp_path),
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=RUN_GUARD,
         check=False,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| gevent |"))
+    row = next(line for line in done.stdout.splitlines() if line.startswith(f"| {pool} |"))
     assert row.endswith("| pass |"), output
-    acts = [json.loads(line) for line in (tmp_path / "gevent" / "driver.jsonl").open()]
+    acts = [json.loads(line) for line in (tmp_path / pool / "driver.jsonl").open()]
     injected = {act["kind"] for act in acts}
     assert set(bench_module("soak_report").FAULT_ACTS) <= injected, injected
-    assert "parked 0;" not in done.stdout, output
+    if pool != "solo":
+        assert "parked 0;" not in done.stdout, output
     # What the run kept judges the same again.
     again = subprocess.run(
         [sys.executable, str(BENCH_DIR / "chaos_soak.py"), "--judge", str(tmp_path)],
@@ -75,4 +80,4 @@ def test_a_minute_of_chaos_on_a_gevent_fleet_passes_every_check(tmp_path: Path) 
         check=False,
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.startswith("gevent: "), again.stdout
+    assert again.stdout.startswith(f"{pool}: "), again.stdout
