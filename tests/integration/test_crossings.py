@@ -323,7 +323,9 @@ def disrupt(run: Run) -> list[str]:
     return sent
 
 
-#: Cells that do not hold yet, and why.
+#: Cells that do not hold yet, and why. Skipped, not run as an xfail: each waits out its
+#: work guard (156 s in CI) to learn what the strict xfail in test_reconnect.py, which
+#: holds the same gap, already tells.
 KNOWN_GAPS = {
     "celery 5.5 prefork reconnect": (
         "Celery 5.5 never acks the tasks running in a prefork pool at a reconnect "
@@ -341,10 +343,10 @@ def known_gap(cell: Cell) -> str | None:
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=str)
-def test_every_task_runs_once(cell: Cell, bed: Bed, request: pytest.FixtureRequest) -> None:
+def test_every_task_runs_once(cell: Cell, bed: Bed) -> None:
     gap = known_gap(cell)
     if gap is not None:
-        request.applymarker(pytest.mark.xfail(reason=gap, strict=False))
+        pytest.skip(gap)
     work = prepare(cell.shape, bed)
     with ExitStack() as stack:
         run = Run(cell, bed, work, stack)
