@@ -14,6 +14,16 @@ pool's ``flush()``, which does nothing: a request handed to them still runs, sta
 not; the threads pool queues it in its executor, for instance. So a message is kept if
 its task started, or if it was handed to a pool that keeps what it was handed.
 
+A request on its way to the pool is Celery's timer's on a green pool (gevent, eventlet):
+the timer runs each countdown in a greenlet of its own, which waits in the pool's
+``spawn`` when the pool is full (the chaos soak: a countdown came due on a full gevent
+pool, a dropped connection released its message, and it ran there and on the worker SQS
+handed it to). Whether that greenlet still runs after the close is up to
+``Consumer.on_close``, which comes after the channel closed, and differs by Celery version
+(:func:`_green_timer_runs`). The event loop's timer (prefork, threads, solo) is emptied
+before the close on every version, and what waits for a prefork pool's semaphore is
+dropped by ``on_close``.
+
 A task that has *ended* is settled by Celery, not run: ``Request.acknowledge`` (or
 ``reject``) calls the request's ``on_ack`` (``on_reject``) promise, which queues the
 message's ack on the event loop (``Consumer.call_soon_ack``). A reconnect can close the
@@ -46,8 +56,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
+from celery import VERSION as CELERY_VERSION
 from celery.concurrency.base import BasePool
 from celery.signals import task_received
 from celery.utils.log import get_logger
@@ -64,16 +75,19 @@ class CeleryRequests:
     The channel's own: a delivery tag (the receipt handle of the receive that brought the
     message) is the channel's, and kombu forgets it through that channel's QoS (acked,
     rejected or released). Each request is kept with whether its pool runs what it was
-    handed even after a flush. Plain dict operations, atomic under the GIL: Celery's
-    signal comes on the consumer's thread, the close may come on another.
+    handed even after a flush, and with the timer that holds its countdown. Plain dict
+    operations, atomic under the GIL: Celery's signal comes on the consumer's thread, the
+    close may come on another.
     """
 
     def __init__(self) -> None:
-        self._requests: dict[str, tuple[Any, bool]] = {}
+        self._requests: dict[str, _Noted] = {}
 
-    def remember(self, delivery_tag: str, request: Any, pool: Any) -> None:
-        """Celery received ``request`` for the delivery, and hands it to ``pool``."""
-        self._requests[delivery_tag] = (request, _keeps_what_it_was_handed(pool))
+    def remember(self, delivery_tag: str, request: Any, consumer: Any) -> None:
+        """Celery's ``consumer`` received ``request`` for the delivery."""
+        self._requests[delivery_tag] = _Noted(
+            request, _keeps_what_it_was_handed(consumer.pool), getattr(consumer, "timer", None)
+        )
 
     def forget(self, delivery_tag: str) -> None:
         """kombu forgot the delivery (acked, rejected, released): so does the channel."""
@@ -86,7 +100,7 @@ class CeleryRequests:
         wait on the event loop.
         """
         noted = self._requests.get(delivery_tag)
-        return noted is not None and getattr(noted[0].on_ack, "ready", False) is True
+        return noted is not None and getattr(noted.request.on_ack, "ready", False) is True
 
     def will_run(self, delivery_tag: str, task_id: str | None) -> bool:
         """Whether Celery will still run, or reject, the message delivered as ``delivery_tag``.
@@ -99,10 +113,22 @@ class CeleryRequests:
         noted = self._requests.get(delivery_tag)
         if noted is None:
             return False
-        request, pool_keeps = noted
+        request = noted.request
         if request.acknowledged:  # settled by Celery: its ack or reject is queued
             return True
-        return pool_keeps and request._apply_result is not None
+        if noted.pool_keeps and request._apply_result is not None:
+            return True
+        return _green_timer_runs(request, noted.timer)
+
+
+class _Noted(NamedTuple):
+    """A request, with what decides whether Celery still runs it after a close."""
+
+    request: Any
+    #: Its pool runs what it was handed even after a flush.
+    pool_keeps: bool
+    #: The consumer's timer, which holds its countdown.
+    timer: Any
 
 
 def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -122,7 +148,7 @@ def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
         return
     if lease_table.get(tag) is None:
         return
-    requests.remember(tag, request, pool)
+    requests.remember(tag, request, sender)
     on_ack = getattr(request, "on_ack", None)
     if isinstance(on_ack, Thenable):
         on_ack.then(functools.partial(_asked_to_ack, channel, tag))
@@ -142,6 +168,37 @@ def _asked_to_ack(channel: Any, delivery_tag: str, *_: Any) -> None:
 
 
 task_received.connect(_remember, weak=False)
+
+
+def _green_timer_runs(request: Any, timer: Any) -> bool:
+    """Whether a greenlet of a green pool's ``timer`` still runs ``request`` after the close.
+
+    ``Consumer.on_close`` decides, after the channel closed: Celery 5.5 clears the timer,
+    killing every greenlet; 5.6 leaves them all, so a countdown not yet due runs after the
+    reconnect; 5.7 cancels those of countdowns not yet due (``scheduled_requests``) and
+    leaves those already due, waiting for a free slot (measured on each version by
+    ``tests/integration/test_reconnect.py``).
+    """
+    if not _carried_by_green_timer(request, timer) or CELERY_VERSION < (5, 6):
+        return False
+    state = sys.modules.get("celery.worker.state")
+    scheduled = getattr(state, "scheduled_requests", None)  # Celery 5.7 on
+    return scheduled is None or request not in scheduled
+
+
+def _carried_by_green_timer(request: Any, timer: Any) -> bool:
+    """Whether one of ``timer``'s greenlets carries ``request``: its countdown, due or not.
+
+    A green timer (``celery.concurrency.gevent``, ``.eventlet``) keeps a set of greenlets,
+    each with the entry it runs, until the entry returns; the event loop's timer is a heap.
+    """
+    greenlets = getattr(timer, "_queue", None)
+    if not isinstance(greenlets, set):
+        return False
+    return any(
+        any(arg is request for arg in getattr(getattr(g, "entry", None), "args", ()))
+        for g in list(greenlets)
+    )
 
 
 def _keeps_what_it_was_handed(pool: Any) -> bool:

@@ -25,6 +25,7 @@ from celery.signals import task_received
 from celery.worker import state as worker_state
 from kombu import Connection
 from kombu.asynchronous import Hub
+from kombu.asynchronous.timer import Entry
 from kombu.transport import SQS
 from vine import ppartial, promise
 
@@ -36,6 +37,7 @@ from celery_sqs_heartbeat.payloads import reader as payload_reader
 from celery_sqs_heartbeat.payloads.pointers import SIZE_ATTRIBUTE, S3Pointer
 from celery_sqs_heartbeat.process import ProcessState, this_process
 from celery_sqs_heartbeat.receiving.receiver import Receiver
+from celery_sqs_heartbeat.settling import celery_requests
 from celery_sqs_heartbeat.transport import Channel
 from tests.unit.conftest import Consumer, FakeClock, Settle
 
@@ -293,9 +295,124 @@ def test_a_prefetched_task_of_a_prefork_pool_is_released_at_a_reconnect(
 
 
 class ThreadsPool:
-    """A pool whose ``flush()`` is the base pool's, as Celery's threads pool has."""
+    """A pool whose ``flush()`` is the base pool's, as Celery's threads and gevent pools have."""
 
     flush = BasePool.flush
+
+
+class Greenlet:
+    """A green timer's greenlet, as the transport reads it: the entry it runs."""
+
+    def __init__(self, request: Any) -> None:
+        self.entry = Entry(lambda request: None, (request,))
+
+
+class GreenTimer:
+    """Celery's gevent (and eventlet) timer: a set of greenlets, one for each countdown,
+    each kept until its entry returns (while it waits in a full pool's ``spawn`` too)."""
+
+    def __init__(self) -> None:
+        self._queue: set[Greenlet] = set()
+
+    def carry(self, request: Any) -> None:
+        self._queue.add(Greenlet(request))
+
+
+class GreenConsumer:
+    """A gevent worker's consumer: its pool's ``flush()`` is the base pool's, and its timer
+    runs each countdown in a greenlet."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadsPool()
+        self.timer = GreenTimer()
+
+
+def closed_with_a_countdown(
+    open_channel: OpenChannel,
+    consumer: Any,
+    celery_version: tuple[int, int],
+    due: bool,
+    carried: bool = True,
+) -> Channel:
+    """A channel of a worker on ``celery_version`` closed while its one message's countdown
+    was in ``consumer``'s timer: ``due`` (Celery reserved it, and it waits for a free slot)
+    or not yet. The close comes before Celery's ``on_close``, as it does."""
+    channel, delivered = open_channel(ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "countdown"))
+    request = Request(delivered[0], settled=None)
+    task_received.send(sender=consumer, request=request)
+    timer = getattr(consumer, "timer", None)
+    if timer is not None and carried:
+        timer.carry(request)
+    scheduled = set() if due else {request}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(celery_requests, "CELERY_VERSION", (*celery_version, 0, "", ""))
+        if celery_version >= (5, 7):
+            patch.setattr(worker_state, "scheduled_requests", scheduled, raising=False)
+        else:
+            patch.delattr(worker_state, "scheduled_requests", raising=False)
+        channel.close()
+    return channel
+
+
+#: Whether a green pool's countdown still runs after the close, by Celery version and due or
+#: not (:func:`celery_requests._green_timer_runs`); measured by test_reconnect.py.
+GREEN_TIMER_RUNS = [
+    ((5, 5), True, False),  # on_close clears the timer, killing the waiting greenlet too
+    ((5, 5), False, False),
+    ((5, 6), True, True),  # on_close leaves the timer's greenlets: each still runs
+    ((5, 6), False, True),
+    ((5, 7), True, True),  # on_close cancels the countdowns not yet due, and only those
+    ((5, 7), False, False),
+]
+
+
+@pytest.mark.parametrize(("celery_version", "due", "runs"), GREEN_TIMER_RUNS)
+def test_a_green_pools_countdown_is_held_at_a_reconnect_exactly_when_celery_still_runs_it(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    celery_version: tuple[int, int],
+    due: bool,
+    runs: bool,
+) -> None:
+    """The chaos soak, gevent on Celery 5.7: a countdown came due on a full pool, so its
+    timer greenlet waited in the pool's ``spawn`` for a free slot, and a dropped connection
+    released the message; it ran there and on the worker SQS handed it to. Released when
+    Celery drops it, it is received again at once; held when Celery runs it, it runs once."""
+    channel = closed_with_a_countdown(open_channel, GreenConsumer(), celery_version, due)
+    manager.check()
+
+    assert (channel.lease_table.get("countdown") is not None) is runs
+    assert sqs.visibility_changes == ([] if runs else [("countdown", 0)])
+
+
+@pytest.mark.parametrize("celery_version", [(5, 5), (5, 6), (5, 7)])
+def test_a_countdown_of_the_event_loops_timer_is_released_at_a_reconnect(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    celery_version: tuple[int, int],
+) -> None:
+    """Prefork, threads, solo: the event loop's timer is emptied at a lost connection on
+    every version, and what waits for the prefork pool's semaphore is dropped by
+    ``on_close``: Celery runs none of it."""
+    closed_with_a_countdown(open_channel, Consumer(), celery_version, due=True)
+    manager.check()
+
+    assert sqs.visibility_changes == [("countdown", 0)]
+
+
+def test_a_green_pools_message_no_greenlet_carries_is_released_at_a_reconnect(
+    open_channel: OpenChannel, sqs: FakeSQS, manager: VisibilityExtensionManager
+) -> None:
+    """A greenlet of another countdown does not hold a message Celery will not run."""
+    consumer = GreenConsumer()
+    consumer.timer.carry(Request(None, settled=None))
+    closed_with_a_countdown(open_channel, consumer, (5, 6), due=True, carried=False)
+    manager.check()
+
+    assert sqs.visibility_changes == [("countdown", 0)]
 
 
 class HubConsumer:
