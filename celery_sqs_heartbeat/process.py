@@ -90,7 +90,8 @@ class ProcessState:
         """The process is leaving: what it left pending is sent, its leftover queues go.
 
         Deletes and releases first, within :data:`EXIT_FLUSH_TIMEOUT`: a message acked
-        here must not run again. A failure of either is logged, never raised.
+        here must not run again. Then the S3 objects of the messages deleted, within as
+        long again. A failure of any is logged, never raised.
         """
         manager = self._manager
         if manager is not None:
@@ -101,6 +102,13 @@ class ProcessState:
                     "ended; those messages become visible again when their leases end",
                     left,
                 )
+        objects_left = self.s3_cleanup.flush(EXIT_FLUSH_TIMEOUT)
+        if objects_left:
+            logger.warning(
+                "%d S3 object(s) of deleted messages could not be deleted before the process "
+                "ended; the bucket's lifecycle rule removes them",
+                objects_left,
+            )
         self.leftovers.remove(self.pid)
 
 

@@ -43,6 +43,10 @@ class ObjectCleanup:
         self._clients = clients
         self._objects: weakref.WeakKeyDictionary[Lease, Owned] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        #: Notified under ``_lock`` whenever the deleting thread finished a batch.
+        self._batch_done = threading.Condition(self._lock)
+        #: Objects handed to the deleting thread and not yet tried.
+        self._pending = 0
         self._failures = FailureStreak()
         self._waiting: _Waiting = queue.SimpleQueue()
         self._deleter: threading.Thread | None = None
@@ -76,6 +80,7 @@ class ObjectCleanup:
             if not owned:
                 return
             self._waiting.put((client_source, owned))
+            self._pending += len(owned)
             if self._deleter is None:
                 self._deleter = threading.Thread(
                     target=self._delete_in_turn,
@@ -99,6 +104,21 @@ class ObjectCleanup:
                         self._delete(s3, bucket, owner, keys[start : start + S3_DELETE_BATCH])
             except Exception:
                 logger.exception("Deleting %d S3 object(s) of deleted messages failed", len(owned))
+            with self._batch_done:
+                self._pending -= len(owned)
+                self._batch_done.notify_all()
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the objects already handed to the deleting
+        thread; returns how many were not tried by then.
+
+        The process calls it as it leaves: the thread is a daemon, and a worker stopping
+        right after its last ack (a warm shutdown's last task) ended before the objects of
+        the messages it had deleted were (found by the chaos soak).
+        """
+        with self._batch_done:
+            self._batch_done.wait_for(lambda: not self._pending, timeout)
+            return self._pending
 
     def _delete(self, s3: BaseClient, bucket: str, owner: str | None, keys: Sequence[str]) -> None:
         try:

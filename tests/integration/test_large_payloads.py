@@ -319,6 +319,25 @@ def test_a_message_being_read_at_shutdown_goes_back_at_once(bed: Bed) -> None:
     )
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent"])
+def test_the_object_of_a_task_ending_in_a_warm_shutdown_goes_before_the_worker_exits(
+    bed: Bed, pool: str
+) -> None:
+    """Found by the chaos soak: a gevent worker told to stop ran its last task, its
+    message's delete was confirmed as the worker closed, and it ended before the thread
+    that deletes the objects of deleted messages had deleted this one."""
+    bucket = new_bucket(bed)
+    bed.create_queue(visibility_timeout=LEASE)
+    task_id = bed.send("busy", "last", 2, "x" * LARGE, transport_options=options(bucket))
+    with worker(bed, pool, 1, options=options(bucket)) as process:
+        assert settle(lambda: f"[{task_id}] received" in process.log), process.log
+        process.warm_shutdown()
+        log = process.log_path.read_text()
+    assert bed.runs_per_task() == {task_id: 1}, log
+    assert objects(bed, bucket) == [], log
+    assert_queue_empty(bed)
+
+
 def test_a_chain_of_large_tasks_goes_through_s3_at_every_link(bed: Bed) -> None:
     """The chain's first message carries the second task's argument too; the worker
     publishes the second link itself."""

@@ -69,6 +69,10 @@ class Noting:
         self.timeline.append(f"manager.stop {timeout}")
         return self.left
 
+    def flush(self, timeout: float) -> int:
+        self.timeline.append(f"s3_cleanup.flush {timeout}")
+        return self.left
+
     def remove(self, pid: int) -> None:
         self.timeline.append(f"leftovers.remove {pid}")
 
@@ -79,12 +83,14 @@ def test_leave_flushes_the_manager_then_removes_the_leftovers(
     """Deletes first: a message acked must not run again, whatever the queues' removal."""
     state, noting = ProcessState(), Noting()
     monkeypatch.setattr(state, "_manager", noting)
+    monkeypatch.setattr(state.s3_cleanup, "flush", noting.flush)
     monkeypatch.setattr(state.leftovers, "remove", noting.remove)
 
     state.leave()
 
     assert noting.timeline == [
         f"manager.stop {EXIT_FLUSH_TIMEOUT}",
+        f"s3_cleanup.flush {EXIT_FLUSH_TIMEOUT}",
         f"leftovers.remove {os.getpid()}",
     ]
 
@@ -93,12 +99,16 @@ def test_leave_without_a_manager_makes_none_and_still_removes_the_leftovers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     state, noting = ProcessState(), Noting()
+    monkeypatch.setattr(state.s3_cleanup, "flush", noting.flush)
     monkeypatch.setattr(state.leftovers, "remove", noting.remove)
 
     state.leave()
 
     assert state._manager is None
-    assert noting.timeline == [f"leftovers.remove {os.getpid()}"]
+    assert noting.timeline == [
+        f"s3_cleanup.flush {EXIT_FLUSH_TIMEOUT}",
+        f"leftovers.remove {os.getpid()}",
+    ]
 
 
 def test_leave_warns_of_what_the_manager_could_not_send(
@@ -106,13 +116,15 @@ def test_leave_warns_of_what_the_manager_could_not_send(
 ) -> None:
     state, noting = ProcessState(), Noting(left=3)
     monkeypatch.setattr(state, "_manager", noting)
+    monkeypatch.setattr(state.s3_cleanup, "flush", noting.flush)
     monkeypatch.setattr(state.leftovers, "remove", noting.remove)
 
     with caplog.at_level(logging.WARNING, logger=PROCESS_LOGGER):
         state.leave()
 
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == PROCESS_LOGGER]
-    assert warning.startswith("3 SQS delete(s) or release(s) could not be sent")
+    deletes, objects = [r.getMessage() for r in caplog.records if r.name == PROCESS_LOGGER]
+    assert deletes.startswith("3 SQS delete(s) or release(s) could not be sent")
+    assert objects.startswith("3 S3 object(s) of deleted messages could not be deleted")
     assert noting.timeline[-1] == f"leftovers.remove {os.getpid()}"
 
 

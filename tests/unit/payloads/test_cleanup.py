@@ -72,3 +72,46 @@ def test_an_object_moves_to_the_new_receipt_that_deletes_its_message(
 
     assert s3.deleted.wait(5)
     assert s3.keys == ["k-1"]
+
+
+def test_flush_waits_for_the_objects_handed_to_the_deleting_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the chaos soak: a gevent worker acked its last task in a warm shutdown and
+    ended before its daemon thread deleted the message's object."""
+    s3 = SlowS3()
+    clients = DerivedClients()
+    monkeypatch.setattr(clients, "s3", lambda _: s3)
+    cleanup = ObjectCleanup(clients)
+    leases = [make_lease("jobs", task_id=f"t-{n}") for n in range(2)]
+    for n, lease in enumerate(leases):
+        cleanup.remember(lease, (S3Pointer("tasks", f"k-{n}"), None))
+    cleanup.deleted(lambda: object(), leases)
+    assert s3.called.wait(5)
+
+    waiting = cleanup.flush(0)
+    s3.answer.set()
+    left = cleanup.flush(5)
+
+    assert waiting == 2
+    assert left == 0
+    assert s3.keys == ["k-0", "k-1"]
+
+
+def no_client() -> Any:
+    raise RuntimeError("no client")
+
+
+def test_flush_counts_an_object_whose_delete_failed_as_tried() -> None:
+    """A failure is logged and left to the lifecycle rule: nothing to wait for."""
+    cleanup = ObjectCleanup(DerivedClients())
+    lease = make_lease("jobs")
+    cleanup.remember(lease, (S3Pointer("tasks", "k-1"), None))
+
+    cleanup.deleted(no_client, [lease])
+
+    assert cleanup.flush(5) == 0
+
+
+def test_flush_with_nothing_handed_over_returns_at_once() -> None:
+    assert ObjectCleanup(DerivedClients()).flush(0) == 0
