@@ -51,9 +51,15 @@ class Remains:
         )
         self.s3.create_bucket(Bucket=BUCKET)
 
-    def leftovers(self, nodes: Sequence[str], failed_tries: collections.Counter[str]) -> Leftovers:
+    def leftovers(
+        self,
+        nodes: Sequence[str],
+        failed_tries: collections.Counter[str],
+        lost_leases: set[str],
+    ) -> Leftovers:
         """Every queue, subscription, topic and S3 object the run did not mean to keep;
-        ``failed_tries``: the producer's failed publishes by task id."""
+        ``failed_tries``: the producer's failed publishes by task id; ``lost_leases``: the
+        tasks whose lease a worker reported lost."""
         queues = {
             url.rsplit("/", 1)[1]
             for url in self.sqs.list_queues(QueueNamePrefix=PREFIX).get("QueueUrls", [])
@@ -66,7 +72,7 @@ class Remains:
             f"{s['TopicArn'].rsplit(':', 1)[1]} -> {s['Endpoint'].rsplit(':', 1)[1]}"
             for s in self.sns.list_subscriptions()["Subscriptions"]
         ]
-        objects, orphans = self._objects_left(failed_tries)
+        objects, orphans, kept = self._objects_left(failed_tries, lost_leases)
         return Leftovers(
             queues=sorted(queues - kept),
             subscriptions=sorted(s for s in subscriptions if s.split(" -> ")[1] not in kept),
@@ -74,6 +80,7 @@ class Remains:
             objects=objects,
             orphans=orphans,
             messages=self.messages_left(),
+            kept=kept,
         )
 
     def messages_left(self) -> int:
@@ -85,17 +92,26 @@ class Remains:
             total += sum(int(counts["Attributes"][key]) for key in _COUNTS)
         return total
 
-    def _objects_left(self, failed_tries: collections.Counter[str]) -> tuple[list[str], list[str]]:
+    def _objects_left(
+        self, failed_tries: collections.Counter[str], lost_leases: set[str]
+    ) -> tuple[list[str], list[str], list[str]]:
         """The bucket's objects, each named with its task; apart, those of a task whose
-        publish failed (the body holds the message, and its headers the task id)."""
+        publish failed (the body holds the message, and its headers the task id), and
+        those of a task whose lease was lost (kept on purpose: :class:`Leftovers`)."""
         objects: list[str] = []
         orphans: list[str] = []
+        kept: list[str] = []
         for entry in self.s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
             body = self.s3.get_object(Bucket=BUCKET, Key=entry["Key"])["Body"].read()
-            task_id = task_id_of(body)
-            name = f"{entry['Key']} (task {task_id})"
-            (orphans if failed_tries[task_id or ""] else objects).append(name)
-        return sorted(objects), sorted(orphans)
+            task_id = task_id_of(body) or ""
+            name = f"{entry['Key']} (task {task_id or None})"
+            if failed_tries[task_id]:
+                orphans.append(name)
+            elif task_id in lost_leases:
+                kept.append(name)
+            else:
+                objects.append(name)
+        return sorted(objects), sorted(orphans), sorted(kept)
 
 
 def task_id_of(body: bytes) -> str | None:

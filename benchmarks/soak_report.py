@@ -39,6 +39,11 @@ class Leftovers:
     orphans: list[str] = field(default_factory=list)
     #: Messages still in the task queues: visible, in flight or delayed.
     messages: int = 0
+    #: Objects of tasks whose lease a worker reported lost before the delete landed: kept on
+    #: purpose and not counted (SQS answers a delete by an expired receipt handle with
+    #: success whether or not it deleted, so the worker cannot know the object is free);
+    #: the bucket's lifecycle rule removes them.
+    kept: list[str] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -150,6 +155,7 @@ def details(result: PoolResult) -> list[str]:
     lines += [f"left: topic {name}" for name in left.topics]
     lines += [f"left: S3 object {name}" for name in left.objects]
     lines += [f"left: S3 object of a failed publish {name}" for name in left.orphans]
+    lines += [f"kept: S3 object {name}, its lease lost before its delete" for name in left.kept]
     if left.messages:
         lines.append(f"left: {left.messages} messages in the task queues")
     lines += [
@@ -170,8 +176,9 @@ def summary(result: PoolResult) -> str:
 
 
 def _left(left: Leftovers) -> str:
+    kept = f" (kept on purpose: {len(left.kept)} S3 objects)" if left.kept else ""
     if not left.count:
-        return "0"
+        return "0" + kept
     parts = {
         "queues": len(left.queues),
         "subscriptions": len(left.subscriptions),
@@ -180,4 +187,4 @@ def _left(left: Leftovers) -> str:
         "S3 objects of failed publishes": len(left.orphans),
         "messages": left.messages,
     }
-    return ", ".join(f"{n} {kind}" for kind, n in parts.items() if n)
+    return ", ".join(f"{n} {kind}" for kind, n in parts.items() if n) + kept

@@ -168,7 +168,7 @@ class PoolRun:
                 self.driver.log("stuck", worker=slot.current and slot.current.name)
         self.driver.log("stopped")
         leftovers = self.remains.leftovers(
-            [slot.node for slot in self.slots], producer.failed_tries
+            [slot.node for slot in self.slots], producer.failed_tries, self._lost_leases()
         )
         self._keep_evidence()
         return producer, reaped, leftovers
@@ -198,6 +198,13 @@ class PoolRun:
         for log in self.workdir.glob("worker-*.log"):
             parked |= set(_PARKED.findall(log.read_text(errors="replace")))
         return len(parked)
+
+    def _lost_leases(self) -> set[str]:
+        """Tasks whose lease a worker reported lost, from the workers' logs."""
+        lost: set[str] = set()
+        for log in self.workdir.glob("worker-*.log"):
+            lost |= set(_LOST_LEASE.findall(log.read_text(errors="replace")))
+        return lost
 
     def _warm_up(self) -> None:
         """Every worker loses its connection :data:`WARM_UP_RECONNECTS` times, one drop
@@ -350,3 +357,4 @@ class PoolRun:
 
 
 _PARKED = re.compile(r"Parking task \S+\[([0-9a-f-]+)\] in SQS")
+_LOST_LEASE = re.compile(r"Lost the SQS lease of task \S+\[([0-9a-f-]+)\]")
