@@ -50,6 +50,13 @@ was killed at the end of its grace period. So the transport hears of Celery's as
 worker is stopping, acks at once (:meth:`Channel.ack_for_celery`); Celery's queued ack
 then does nothing. Prefork children's results and green pools' acks are settled on the
 worker's loop or at once, where acking at once changes nothing.
+
+A solo worker's queued ack waits too, always: it runs its tasks on the event loop, and
+kombu hands it every message of a receive's answer in one turn, so a task's ack waited
+for the next task to end (the chaos soak: a task that retried, acked behind a 12 s task,
+its delete then failing in an outage past its lease, ran again elsewhere and retried
+again). So on a pool whose tasks run on the event loop's thread, the channel acks as soon
+as Celery asks, on that same thread.
 """
 
 from __future__ import annotations
@@ -63,6 +70,8 @@ from celery.concurrency.base import BasePool
 from celery.signals import task_received
 from celery.utils.log import get_logger
 from vine import Thenable
+
+from ..process import this_process
 
 __all__ = ["CeleryRequests", "worker_is_stopping"]
 
@@ -155,16 +164,17 @@ def _remember(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 def _asked_to_ack(channel: Any, delivery_tag: str, *_: Any) -> None:
-    """Celery queued the ack: while the worker stops, the channel acks it now.
+    """Celery queued the ack: the channel acks it now while the worker stops, and always
+    on a pool whose tasks run on the event loop (solo).
 
     Runs inside Celery's ``Request.acknowledge``, in a pool's thread: it must not raise.
     """
-    if not worker_is_stopping():
+    if not (worker_is_stopping() or this_process().tasks_run_on_the_loop):
         return
     try:
         channel.ack_for_celery(delivery_tag)
     except Exception:
-        logger.exception("Acking a task that ended during the shutdown failed")
+        logger.exception("Acking a task as Celery asked failed")
 
 
 task_received.connect(_remember, weak=False)

@@ -13,10 +13,12 @@ from tests.integration.harness import (
     assert_queue_empty,
     log_has,
     report,
+    send_recorded,
     tally,
     wait_for,
     worker,
 )
+from tests.integration.test_worker_stops import events_of, of_action
 
 DELETES = ["DeleteMessage", "DeleteMessageBatch"]
 POOLS = [("prefork", 4), ("threads", 4), ("solo", 1), ("gevent", 4)]
@@ -203,3 +205,37 @@ def test_a_fifo_queue_s_deletes_go_out_at_once_so_the_group_moves_on(bed: Bed) -
         max(deleted - ended for ended, deleted in zip(ends, deletes, strict=True)) < batch_wait / 2
     )
     assert_queue_empty(bed)
+
+
+def test_a_solo_workers_ack_goes_out_as_its_task_ends_not_after_the_next_task(
+    bed: Bed,
+) -> None:
+    """The chaos soak: a solo worker runs every message of a receive's answer in one turn of
+    its event loop, and a task's ack, queued on that loop, waited for the next task to end
+    (12 s there); its delete then failed in an outage past its lease, and it ran again."""
+    sent = {label: send_recorded(bed, "busy", label, seconds) for label, seconds in SOLO_TASKS}
+    with worker(bed, "solo", 1, IT_PREFETCH_MULTIPLIER=2) as process:
+        done = bed.wait_for_executions(2, timeout=60)
+        log = process.log
+    first, then = sorted(done, key=lambda record: record["end"])
+    first_events = events_of(bed, sent[first["name"]])
+    then_events = events_of(bed, sent[then["name"]])
+    deletes = [e["t"] for e in of_action(first_events, "delete") if e["result"] == "ok"]
+    received_together = of_action(first_events, "receive")[0]["t"] == pytest.approx(
+        of_action(then_events, "receive")[0]["t"], abs=0.05
+    )
+    report(
+        "solo-ack",
+        received_together=received_together,
+        delete_after_its_end=deletes[0] - first["end"] if deletes else None,
+        next_task_ended_after=then["end"] - first["end"],
+    )
+    assert received_together, (first_events, then_events)
+    assert deletes and deletes[0] < then["end"], (first_events, then, log)
+    assert bed.runs_per_task() == dict.fromkeys([s.task_id for s in sent.values()], 1)
+    assert_queue_empty(bed)
+
+
+#: Two tasks sent before the worker starts, so that one receive answers both: a short one
+#: and one that holds the loop for long after it.
+SOLO_TASKS = [("short", 0.1), ("long", 6)]

@@ -504,6 +504,34 @@ def test_a_task_ending_while_the_worker_runs_leaves_its_ack_to_the_event_loop(
     assert sqs.deletes == ["ended"]
 
 
+def test_a_solo_workers_task_is_deleted_as_celery_asks_not_behind_the_next_task(
+    open_channel: OpenChannel,
+    sqs: FakeSQS,
+    manager: VisibilityExtensionManager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chaos soak, solo: a task's ack, queued on the event loop, waited for the next
+    task of the same receive (12 s) to end; its delete then failed in an outage past its
+    lease, and the task ran again elsewhere."""
+    monkeypatch.setattr(this_process(), "tasks_run_on_the_loop", True)
+    channel, delivered = open_channel(ack_batch_interval=0)
+    receive(channel, sqs_message(channel, "ended"))
+    consumer = HubConsumer()  # solo's consumer queues the ack on its event loop too
+    request = Request(delivered[0], settled=None)
+    request.on_ack = promise(consumer.call_soon_ack, (delivered[0].ack_log_error,))
+    task_received.send(sender=consumer, request=request)
+    request.on_ack(logging.getLogger("celery.worker.request"), ())
+    manager.check()
+    deleted_at_once = sqs.deletes == ["ended"]
+    (queued,) = consumer.queued
+    queued()  # the loop turns once the next task ended
+    manager.check()
+
+    assert deleted_at_once
+    assert sqs.deletes == ["ended"]
+    assert delivered[0].acknowledged
+
+
 BACKOFF = {"backoff_policy": {1: 5, 2: 60}, "backoff_tasks": [TASK]}
 
 
