@@ -16,6 +16,11 @@ Configured from the environment, as ``chaos_soak.py`` starts each process:
     oldest message is past retention (tests/testbed/test_retention.py), and the reaper
     would find a killed monitor's queue empty and keep it
 
+``SOAK_TRACEMALLOC`` (optional, for diagnosing memory)
+    a path with ``{worker}`` in it: the worker traces its allocations from its start
+    (``tracemalloc``, 10 frames) and, every ``SOAK_TRACEMALLOC_EVERY`` seconds (60), writes
+    there the lines whose memory grew most since then, by traceback
+
 Acks are late and a failure is not acked: with ``release_on_failure`` a failed task's
 message goes back to SQS after ``release_delay`` (a backoff), as production sets it.
 
@@ -31,6 +36,7 @@ import os
 import signal
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 from celery import Celery, signals
@@ -173,3 +179,26 @@ def _fail_the_next_drain(consumer: Any) -> None:
         return drain(self, **kwargs)
 
     connection_class.drain_events = drain_or_drop
+
+
+@signals.worker_ready.connect
+def _trace_allocations_if_asked(**_: Any) -> None:
+    path = os.environ.get("SOAK_TRACEMALLOC")
+    if path:
+        every = float(os.environ.get("SOAK_TRACEMALLOC_EVERY", "60"))
+        target = path.format(worker=WORKER)
+        threading.Thread(target=_write_growth, args=(target, every), daemon=True).start()
+
+
+def _write_growth(path: str, every: float) -> None:
+    """Every ``every`` seconds, the 25 tracebacks whose memory grew most since the start."""
+    tracemalloc.start(10)
+    first = tracemalloc.take_snapshot()
+    while True:
+        time.sleep(every)
+        grown = tracemalloc.take_snapshot().compare_to(first, "traceback")[:25]
+        with open(path, "a") as out:
+            out.write(f"=== {time.time():.0f} rss-traced {tracemalloc.get_traced_memory()}\n")
+            for stat in grown:
+                out.write(f"{stat.size_diff / 2**20:+.2f} MiB {stat.count_diff:+d} blocks\n")
+                out.write("".join(f"    {line}\n" for line in stat.traceback.format()))
