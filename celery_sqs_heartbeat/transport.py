@@ -53,6 +53,7 @@ from typing import Any
 
 import kombu
 from botocore.client import BaseClient
+from botocore.config import Config
 from botocore.exceptions import ClientError
 from celery import signals
 from celery.utils.log import get_logger
@@ -61,6 +62,7 @@ from kombu.transport import SQS, virtual
 from kombu.transport.base import to_rabbitmq_queue_arguments
 from kombu.utils.objects import cached_property
 
+from .aws.sessions import client_as_kombu_makes_it
 from .compat import (
     KOMBU_BROADCASTS_THROUGH_SNS,
     SQSChannel,
@@ -252,6 +254,40 @@ class Channel(SQSChannel):
         return self.options.visibility_timeout
 
     # --- clients, queues, exchanges -----------------------------------------------------
+
+    def new_sqs_client(
+        self,
+        region: str | None,
+        access_key_id: str | None,
+        secret_access_key: str | None,
+        session_token: str | None = None,
+    ) -> BaseClient:
+        return self._new_boto_client(
+            "sqs", region, access_key_id, secret_access_key, session_token
+        )
+
+    def _new_boto_client(
+        self,
+        service: str,
+        region: str | None,
+        access_key_id: str | None,
+        secret_access_key: str | None,
+        session_token: str | None = None,
+        config: Config | None = None,
+    ) -> BaseClient:
+        # kombu 5.7 makes its SQS and SNS clients here (5.5 and 5.6: SQS, in
+        # new_sqs_client): the same client, on the process's one parse of botocore's data.
+        return client_as_kombu_makes_it(
+            service,
+            region,
+            access_key_id,
+            secret_access_key,
+            session_token,
+            is_secure=self.is_secure,
+            endpoint_url=self.endpoint_url,
+            transport_options=self.transport_options,
+            config=config,
+        )
 
     def sqs(self, queue: str | None = None) -> BaseClient:
         # kombu's client shaped by two botocore events (independent of each other), then

@@ -20,6 +20,8 @@ import botocore.session
 from botocore.client import BaseClient
 from botocore.config import Config
 
+from .sessions import new_session
+
 __all__ = [
     "MAX_CALLS_IN_FLIGHT",
     "MAX_PUBLISH_CALLS_IN_FLIGHT",
@@ -97,11 +99,12 @@ class DerivedClients:
     added up to 100 MB to the worker. Kept weakly: a source kombu dropped takes its
     derived clients with it.
 
-    Made from one botocore session, which reads the models through the first source's
-    loader: kombu's client has already parsed them, so a derived client costs about
-    2 ms of CPU rather than the 40 to 50 ms of a session of its own, which a worker
-    paid twice in its first seconds (docs/benchmarks.md, "CPU per task"). A session is
-    not thread safe; it is only used under the lock.
+    Made from one botocore session, which reads the models through the process's loader
+    (:mod:`~celery_sqs_heartbeat.aws.sessions`), where kombu's client has already parsed
+    them, so a derived client costs about 2 ms of CPU rather than the 40 to 50 ms of a
+    session of its own, which a worker paid twice in its first seconds
+    (docs/benchmarks.md, "CPU per task"). A session is not thread safe; it is only used
+    under the lock.
     """
 
     def __init__(self) -> None:
@@ -156,7 +159,7 @@ class DerivedClients:
             derived = made.get(source)
             if derived is None:
                 if self._session is None:
-                    self._session = _session_reading_through(source)
+                    self._session = new_session()
                 derived = made[source] = make(self._session)
         return derived
 
@@ -165,15 +168,6 @@ def _pooled(config: Config, source: BaseClient, at_least: int) -> Config:
     """``config`` with at least ``at_least`` connections, or ``source``'s if more."""
     pool = max(source.meta.config.max_pool_connections, at_least)
     return config.merge(Config(max_pool_connections=pool))
-
-
-def _session_reading_through(source: BaseClient) -> botocore.session.Session:
-    """A session whose models are those ``source`` has loaded, where botocore keeps them."""
-    session = botocore.session.Session()
-    loader = getattr(source, "_loader", None)
-    if loader is not None:
-        session.register_component("data_loader", loader)
-    return session
 
 
 def _sqs_like(session: botocore.session.Session, source: BaseClient, config: Config) -> BaseClient:

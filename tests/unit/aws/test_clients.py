@@ -20,6 +20,7 @@ from celery_sqs_heartbeat.aws.clients import (
     DerivedClients,
     _s3_endpoint,
 )
+from celery_sqs_heartbeat.aws.sessions import client_as_kombu_makes_it
 from celery_sqs_heartbeat.aws.sqs_queue import SQSQueue
 from tests.unit.aws.test_sqs_queue import sqs_client
 from tests.unit.conftest import make_lease
@@ -94,15 +95,40 @@ def test_the_renewal_client_is_made_once_per_source(clients: DerivedClients) -> 
     assert clients.renewal(first) is not clients.renewal(second)
 
 
-def test_derived_clients_read_the_models_the_source_has_already_loaded(
+def test_derived_clients_read_the_models_kombus_client_has_already_loaded(
     clients: DerivedClients,
 ) -> None:
     """A session of their own would parse the service model again: 40 to 50 ms each."""
-    source = sqs_client()
+    source = kombus_client()
 
     assert clients.renewal(source)._loader is source._loader
     assert clients.receive(source)._loader is source._loader
     assert clients.s3(source)._loader is source._loader
+
+
+def kombus_client(key: str = "AKIDFROMSOURCE") -> BaseClient:
+    return client_as_kombu_makes_it(
+        "sqs",
+        "eu-west-1",
+        key,
+        "secret",
+        None,
+        is_secure=False,
+        endpoint_url="http://127.0.0.1:9",
+        transport_options={"client-config": {"connect_timeout": 3}},
+    )
+
+
+def test_kombus_clients_share_one_parse_of_botocores_data_but_not_credentials() -> None:
+    """The chaos soak: each connection's client held its own parse of botocore's
+    endpoints (6.7 MiB) and model, and a reconnect made them again."""
+    first, second = kombus_client("AKIDFIRST"), kombus_client("AKIDSECOND")
+
+    assert first._loader is second._loader
+    assert first._endpoint.host == "http://127.0.0.1:9"
+    assert first.meta.config.connect_timeout == 3
+    assert first._request_signer._credentials.access_key == "AKIDFIRST"
+    assert second._request_signer._credentials.access_key == "AKIDSECOND"
 
 
 def test_calls_starting_side_by_side_on_a_new_queue_share_one_renewal_client(
