@@ -22,6 +22,7 @@ import pytest
 from tests.integration.harness import (
     UNDELAYED,
     Bed,
+    Worker,
     assert_queue_empty,
     assert_reconnected,
     no_copy_left,
@@ -57,6 +58,19 @@ def strict_xfail(pool: str) -> pytest.MarkDecorator | tuple[()]:
     return pytest.mark.xfail(reason=gap, strict=True) if gap else ()
 
 
+def ran_through_the_reconnect(bed: Bed, process: Worker, tasks: int) -> tuple[bool, str]:
+    """Once ``tasks`` ran, and the worker reconnected: whether the queue was drained
+    first, and the worker's log. No copy can come once the queue is drained; one received
+    before may still run, so its lease is waited out."""
+    bed.wait_for_executions(tasks, timeout=120)
+    drained = no_copy_left(bed)["drained"]
+    wait_out_copies(bed, tasks, 4 * LEASE)
+    settle(lambda: reconnected(process.log))
+    log = process.log
+    assert process.process.poll() is None, log
+    return drained, log
+
+
 @pytest.mark.parametrize("pool", [pytest.param(pool, marks=strict_xfail(pool)) for pool in POOLS])
 def test_a_reconnect_keeps_running_leases_and_runs_every_prefetched_task_once(
     bed: Bed, pool: str
@@ -71,13 +85,7 @@ def test_a_reconnect_keeps_running_leases_and_runs_every_prefetched_task_once(
         IT_PREFETCH_MULTIPLIER=2,
         IT_DROP_CONNECTION_AFTER=LEASE,
     ) as process:
-        bed.wait_for_executions(4, timeout=120)
-        # No copy can come once the queue is drained; one received before may still run.
-        drained = no_copy_left(bed)["drained"]
-        wait_out_copies(bed, 4, 4 * LEASE)
-        settle(lambda: reconnected(process.log))
-        log = process.log
-        assert process.process.poll() is None, log
+        drained, log = ran_through_the_reconnect(bed, process, 4)
     assert_reconnected(log)
     assert drained, log
     assert bed.runs_per_task() == dict.fromkeys([*running, *waiting], 1), log
@@ -137,12 +145,7 @@ def test_countdowns_held_by_the_timer_at_a_reconnect_run_once(bed: Bed, pool: st
         pending = bed.send(
             "busy", "pending", 0.1, countdown=DUE_AFTER_THE_RECONNECT, transport_options=UNDELAYED
         )
-        bed.wait_for_executions(3, timeout=120)
-        drained = no_copy_left(bed)["drained"]
-        wait_out_copies(bed, 3, 4 * LEASE)
-        settle(lambda: reconnected(process.log))
-        log = process.log
-        assert process.process.poll() is None, log
+        drained, log = ran_through_the_reconnect(bed, process, 3)
     assert_reconnected(log)
     assert drained, log
     assert bed.runs_per_task() == dict.fromkeys([holding, due, pending], 1), log
