@@ -47,13 +47,18 @@ class ReceiveFailures:
         remote-control queue that is gone, or stop the worker when no retry can help."""
         this_process().metrics.record_receive_error(failure.code)
         if failure.fatal and not ends_worker(failure, queue_name):
+            consumers = self._consumers_of(queue_name)
+            if not consumers:
+                # Another receive that was in flight when the queue went: said already.
+                return
             logger.warning(
                 "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "
                 "queues itself, so this channel stops receiving from it and goes on",
                 queue_name,
                 failure,
             )
-            self._stop_receiving(queue_name)
+            for tag in consumers:
+                self._channel.basic_cancel(tag)
             return
         if failure.fatal:
             logger.critical(
@@ -66,9 +71,14 @@ class ReceiveFailures:
             raise WorkerShutdown(EX_FAILURE)
         self._gate.failed(queue_name, failure)
 
-    def _stop_receiving(self, queue_name: str) -> None:
-        """Cancel the consumers of ``queue_name``: kombu then polls it no more."""
+    def _consumers_of(self, queue_name: str) -> list[str]:
+        """The consumer tags reading ``queue_name``; cancelled, kombu polls it no more.
+
+        None once they were cancelled: several receives of the queue may have been in
+        flight when it went (``receives_in_flight``), and each fails alike."""
         channel = self._channel
-        for tag, queue in list(channel._tag_to_queue.items()):
-            if channel.canonical_queue_name(queue) == queue_name:
-                channel.basic_cancel(tag)
+        return [
+            tag
+            for tag, queue in list(channel._tag_to_queue.items())
+            if channel.canonical_queue_name(queue) == queue_name
+        ]
