@@ -329,8 +329,11 @@ def test_the_object_of_a_task_ending_in_a_warm_shutdown_goes_before_the_worker_e
     bucket = new_bucket(bed)
     bed.create_queue(visibility_timeout=LEASE)
     task_id = bed.send("busy", "last", 2, "x" * LARGE, transport_options=options(bucket))
-    with worker(bed, pool, 1, options=options(bucket)) as process:
-        assert settle(lambda: f"[{task_id}] received" in process.log), process.log
+    starts = bed.logs / "starts.jsonl"
+    with worker(bed, pool, 1, options=options(bucket), IT_START_FILE=starts) as process:
+        # Running, not only received: a prefork worker stopping before a child reported
+        # the job's start hangs on Celery 5.5 (AsynPool's flush) and never acks it on any.
+        assert settle(lambda: starts.exists() and task_id in starts.read_text()), process.log
         process.warm_shutdown()
         log = process.log_path.read_text()
     assert bed.runs_per_task() == {task_id: 1}, log
