@@ -110,8 +110,12 @@ def test_an_unexpected_error_is_raised_once_every_call_is_back() -> None:
 #: says so with ``os.write``: a ``print`` still holding stdout's lock when Ctrl-C comes
 #: leaves the lock to a thread frozen at exit, and Python aborts flushing stdout.
 STOPPED_IN_A_ROUND = """
-import os, sys, threading
+import os, signal, sys, threading
 from celery_sqs_heartbeat.receiving.rounds import _side_by_side
+
+# Ctrl-C as at a terminal: a command run in the background by a non-interactive shell
+# ignores SIGINT, and its children inherit that (the harness's as_from_a_terminal).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 main = threading.main_thread().ident
 
