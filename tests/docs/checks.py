@@ -26,7 +26,13 @@ from celery_sqs_heartbeat import __version__
 from tests.docs.pages import REPO, Command
 
 SCRIPTS = frozenset(
-    {".ci/test", ".ci/run", ".ci/release-check", "examples/spark_pipeline/run-demo.sh"}
+    {
+        ".ci/test",
+        ".ci/run",
+        ".ci/release-check",
+        ".ci/busy-machine",
+        "examples/spark_pipeline/run-demo.sh",
+    }
 )
 PYPI_TOOLS = frozenset({"build"})
 """Packages a page installs from PyPI by name: tools, not this project."""
@@ -130,6 +136,8 @@ def check_script(command: Command) -> None:
     elif command.program == "examples/spark_pipeline/run-demo.sh":
         demo = (REPO / "examples/spark_pipeline/demo.py").read_text()
         assert_flags_in(command, words, " ".join(_argparse_flags(demo)))
+    elif command.program == ".ci/busy-machine":
+        assert len(words) == 1, f"{command.where()}: .ci/busy-machine takes its WORKDIR"
     else:
         assert not words, f"{command.where()}: {command.program} takes no arguments"
 
