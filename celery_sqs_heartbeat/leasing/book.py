@@ -7,11 +7,10 @@ when each comes due is :mod:`celery_sqs_heartbeat.leasing.schedule`'s job.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from .leases import AdaptiveMargin, EntryResult, Lease, Release, renewal_retry_delay
+from .leases import AdaptiveMargin, EntryResult, Lease, Release
 from .schedule import RenewalBatch, RenewalSchedule
 
 __all__ = ["LeaseBook", "Settlement"]
@@ -25,8 +24,6 @@ class Settlement:
     capped: list[Lease] = field(default_factory=list)
     lost: list[tuple[Lease, str]] = field(default_factory=list)
     releases: list[Release] = field(default_factory=list)
-    #: When the first of the renewals that failed is tried again (inf: none failed).
-    retry_at: float = math.inf
 
 
 class LeaseBook:
@@ -38,9 +35,8 @@ class LeaseBook:
     lease is confirmed before it is held (:meth:`confirming`), and an answer renews the
     lease, caps it at its hold limit, loses it or has it tried again (:meth:`settle`).
 
-    A renewal that failed for a passing reason is tried again one check interval
-    (``margin.interval``) after it was sent, not at whatever check comes first, and sooner
-    in the lease's last seconds (:func:`~celery_sqs_heartbeat.leasing.leases.renewal_retry_delay`).
+    A renewal that failed for a passing reason is tried again at the next check, one check
+    interval (``margin.interval``) after it was sent, not at whatever check comes first.
     """
 
     def __init__(self, margin: AdaptiveMargin | None = None) -> None:
@@ -140,10 +136,6 @@ class LeaseBook:
         """Whether a release still waits for a renewal on the wire to come back."""
         return bool(self._releases_waiting)
 
-    def next_retry_at(self) -> float | None:
-        """When the first renewal that failed is due again; None if none waits."""
-        return self._schedule.next_retry_at()
-
     def has_due(self, now: float) -> bool:
         """Whether a due or exhausted lease (or a stale entry) waits: O(queues)."""
         return self._schedule.has_due(now)
@@ -205,9 +197,6 @@ class LeaseBook:
         elif now >= lease.expires_at:
             settlement.lost.append((lease, f"lease ran out while renewals failed: {reason}"))
         else:
-            left = lease.expires_at - batch.sent_at
-            retry_in = renewal_retry_delay(self.margin.interval, left)
-            self._schedule.retry_at(lease, batch.sent_at + retry_in)
-            settlement.retry_at = min(settlement.retry_at, batch.sent_at + retry_in)
+            self._schedule.retry_at(lease, batch.sent_at + self.margin.interval)
             return
         self._schedule.discard(lease)

@@ -40,15 +40,13 @@ class AnswerSettler:
             if any(outcome is EntryResult.TRANSIENT for outcome, _ in results.values()):
                 state.book.margin.record_failure(now)
             settlement = state.book.settle(batch, results, now)
-            interval = state.book.margin.interval
             state.report.leases_held(len(state.book))
             state.report.renewal_failures(batch, results)
             for release in settlement.releases:
                 item = Outgoing(release.lease, Request.RELEASE, release.delay, release.reason)
                 state.outbox.add(item, now)
-            if settlement.releases or state.outbox or settlement.retry_at < now + interval:
-                # Releases, and deletes held while these leases were being renewed, can
-                # go; a renewal to be tried again before the next check needs its wake-up.
+            if settlement.releases or state.outbox:
+                # Releases, and deletes held while these leases were being renewed, can go.
                 state.changed.notify_all()
         state.report.queue_health(queue, "Renewing SQS leases", results.values())
         state.report.renewed(queue, settlement)

@@ -20,14 +20,7 @@ from enum import Enum
 
 from ..aws.sqs_facts import SQS_MAX_HOLD_SECONDS
 
-__all__ = [
-    "AdaptiveMargin",
-    "EntryResult",
-    "Lease",
-    "LeasePolicy",
-    "Release",
-    "renewal_retry_delay",
-]
+__all__ = ["AdaptiveMargin", "EntryResult", "Lease", "LeasePolicy", "Release"]
 
 #: The receive is timestamped when the response has arrived, a little after SQS started
 #: the clock, so every visibility change ends this much short of the 12 hours to stay valid.
@@ -50,15 +43,6 @@ MARGIN_SAFETY = 3.0
 #: The margin covers this many times the slowest recent renewal delay, so a delay that
 #: doubles between two measurements still lands in time.
 MARGIN_LATENCY_FACTOR = 2.0
-#: A renewal that failed is tried again one check interval after it was sent, and in a
-#: lease's last seconds sooner, so that this many tries fit in what is left of it: SQS
-#: failing in two windows with a moment between them (5xx, then throttling) is reached in
-#: that moment. (The chaos soak: a solo worker's 8 s lease ran out through two 1.8 s fault
-#: windows 0.4 s apart, tried once a second.)
-RETRIES_IN_WHAT_IS_LEFT = 4
-#: ... but never sooner than this after the try that failed: a struggling SQS is not
-#: asked more than a few times a second per lease.
-RETRY_SPACING_FLOOR = 0.25
 #: How long a slow or failed renewal keeps the margin wide: long enough to span a few
 #: renewal rounds of a 30 s lease, short enough that a fast SQS is soon cheap again.
 MARGIN_MEMORY = 60.0
@@ -91,12 +75,6 @@ class LeasePolicy:
     def margin_ceiling(self) -> float:
         """The widest adaptive margin: today's default threshold for this lease."""
         return min(MARGIN_CEILING, self.visibility_timeout / 2)
-
-
-def renewal_retry_delay(interval: float, left: float) -> float:
-    """Seconds from a failed renewal's send to its next try, ``left`` seconds of its lease
-    left at the send: one check ``interval``, shortened in the lease's last seconds."""
-    return max(RETRY_SPACING_FLOOR, min(interval, left / RETRIES_IN_WHAT_IS_LEFT))
 
 
 class AdaptiveMargin:

@@ -290,8 +290,7 @@ class VisibilityExtensionManager:
     def _sleep_time(self) -> float | None:
         """How long the thread may sleep before something is owed; None: until woken.
 
-        Leases are checked every interval, and when a failed renewal is due again (sooner
-        in a lease's last seconds); pending deletes and releases are sent when
+        Leases are checked every interval; pending deletes and releases are sent when
         due, unless every send slot is taken (a freed slot wakes the thread). With
         neither, the thread sleeps for good, unless a summary is owed: without it, what
         happened since the last one (the last leases ending, a failed release) would not
@@ -302,9 +301,6 @@ class VisibilityExtensionManager:
         owed = []
         if len(state.book):
             owed.append(self._interval)
-        retry_at = state.book.next_retry_at()
-        if retry_at is not None:
-            owed.append(retry_at - now)
         next_due = state.outbox.next_due()
         if next_due is not None and self._calls.sends.free:
             owed.append(next_due - now)

@@ -161,11 +161,6 @@ class RenewalSchedule:
         queue = self._by_queue.get((lease.queue, lease.policy))
         return queue if queue is not None and self._is_held(queue, lease) else None
 
-    def next_retry_at(self) -> float | None:
-        """When the first lease whose renewal failed is due again; None if none waits."""
-        firsts = [queue.retrying[0][0] for queue in self._by_queue.values() if queue.retrying]
-        return min(firsts, default=None)
-
     def has_due(self, now: float) -> bool:
         """Whether a due or exhausted lease (or a stale entry) waits: O(queues)."""
         return any(

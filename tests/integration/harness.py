@@ -24,7 +24,6 @@ import pytest
 from celery import Celery
 
 from celery_sqs_heartbeat.compat import KOMBU_BROADCASTS_THROUGH_SNS
-from celery_sqs_heartbeat.leasing.leases import LeasePolicy, renewal_retry_delay
 from celery_sqs_heartbeat.testing import StrictSQSServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -615,15 +614,3 @@ def assert_reconnected(log: str) -> None:
     lost = log.find(CONNECTION_LOST)
     assert lost != -1, f"the worker never logged {CONNECTION_LOST!r}:\n{log}"
     assert CONNECTED in log[lost:], f"no {CONNECTED!r} after the lost connection:\n{log}"
-
-
-def renewal_tries_while_failing(lease: int, interval: float = 1.0) -> int:
-    """The most renewal calls one batch of leases of ``lease`` seconds makes while every one
-    fails, from its first (the margin's ceiling before the lease's end) to that end: one
-    a check ``interval``, more often in its last seconds (``renewal_retry_delay``)."""
-    left = LeasePolicy(visibility_timeout=lease).margin_ceiling
-    tries = 0
-    while left > 0:
-        tries += 1
-        left -= renewal_retry_delay(interval, left)
-    return tries

@@ -14,7 +14,6 @@ from tests.integration.harness import (
     log_has,
     needs_sns_fanout,
     no_copy_left,
-    renewal_tries_while_failing,
     report,
     tally,
     wait_for,
@@ -147,8 +146,7 @@ def test_an_outage_longer_than_a_lease_loses_each_lease_once_and_runs_nothing_tw
         assert log.count(f"Lost the SQS lease of {task}") == 1, log
         # SQS gave the message out again, to this worker: it must not run it twice.
         assert log.count(f"again while this worker still holds it ({task})") == 1, log
-    # Renewals stop once the leases are lost: at most the tries of one batch's last
-    # seconds (and two calls that straddled the outage's start).
-    assert renewals <= renewal_tries_while_failing(LEASE) + 2, (before, during)
+    # Renewals stop once the leases are lost: at most one call per check for one lease.
+    assert renewals <= LEASE + 2, (before, during)
     assert "Traceback" not in log
     assert_queue_empty(bed)

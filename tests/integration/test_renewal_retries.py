@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
-from celery_sqs_heartbeat.leasing.leases import RETRY_SPACING_FLOOR
 from tests.integration.harness import Bed, report, tally, wait_for, worker
 
 LEASE = 6
-#: A failed delete is tried again a second later; a failed renewal one check (a second)
-#: later, and in its lease's last seconds as often as every RETRY_SPACING_FLOOR: between
-#: two tries of the delete, each of the two leases gets that many renewal calls, and one
-#: more at the edge.
-RENEWALS_BETWEEN_DELETE_TRIES = 2 * (math.ceil(1.0 / RETRY_SPACING_FLOOR) + 1)
+#: One check a second (``min(1, LEASE / 4)``) and a failed delete tried again a second
+#: later: between two tries of the delete, each of the two leases gets one renewal call
+#: per check, two checks at the most.
+RENEWALS_BETWEEN_DELETE_TRIES = 4
 RENEWALS = "ChangeMessageVisibilityBatch"
 DELETES = "DeleteMessageBatch"
 

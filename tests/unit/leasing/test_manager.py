@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 from dataclasses import replace
@@ -15,12 +14,7 @@ from celery_sqs_heartbeat.aws import sqs_queue as sqs_module
 from celery_sqs_heartbeat.aws.clients import MAX_CALLS_IN_FLIGHT
 from celery_sqs_heartbeat.leasing import manager as manager_module
 from celery_sqs_heartbeat.leasing.call_starter import BATCHES_PER_HOLD
-from celery_sqs_heartbeat.leasing.leases import (
-    RETRY_SPACING_FLOOR,
-    EntryResult,
-    Lease,
-    LeasePolicy,
-)
+from celery_sqs_heartbeat.leasing.leases import EntryResult, Lease, LeasePolicy
 from celery_sqs_heartbeat.leasing.manager import LeaseStatus, VisibilityExtensionManager
 from celery_sqs_heartbeat.leasing.reporting import SUMMARY_INTERVAL
 from celery_sqs_heartbeat.leasing.schedule import LOOKS_PER_BATCH
@@ -229,50 +223,6 @@ def test_a_failed_renewal_waits_for_the_next_check_whatever_wakes_the_thread_mea
     renewals = [call for call in queue.calls if held in dict(call)]
     assert len(renewals) <= 3, f"{len(renewals)} renewal calls in 3 s at one check a second"
     assert len(queue.deletes) >= 2  # the delete's own retries went on meanwhile
-
-
-class AnsweringOnlyIn(FakeQueue):
-    """SQS failing every renewal (a 5xx window, then throttling) but while the clock is in
-    ``gap``."""
-
-    def __init__(self, clock: FakeClock, gap: tuple[float, float]) -> None:
-        super().__init__()
-        self.clock = clock
-        self.gap = gap
-        #: When each renewal was sent.
-        self.tries: list[float] = []
-
-    def change_visibility(self, entries: Any) -> Any:
-        self.tries.append(self.clock.now)
-        answering = self.gap[0] <= self.clock.now < self.gap[1]
-        self.default = (EntryResult.OK, "") if answering else (EntryResult.TRANSIENT, "5xx")
-        return super().change_visibility(entries)
-
-
-#: Half a second where SQS answers, at places in an 8 s lease's last two seconds (its
-#: renewals start 4 s before its end); a try once a second missed those at 6.5 and 7.4.
-GAPS_IN_THE_LAST_SECONDS = [6.0, 6.5, 7.0, 7.4]
-
-
-@pytest.mark.parametrize("gap_start", GAPS_IN_THE_LAST_SECONDS)
-def test_renewals_failing_into_a_leases_last_seconds_use_half_a_second_where_sqs_answers(
-    manager: VisibilityExtensionManager,
-    clock: FakeClock,
-    monkeypatch: pytest.MonkeyPatch,
-    lost: list[dict[str, Any]],
-    gap_start: float,
-) -> None:
-    """The chaos soak, solo: an 8 s lease ran out through two 1.8 s fault windows 0.4 s
-    apart, its renewal tried once a second; in a lease's last seconds it is tried sooner."""
-    queue = AnsweringOnlyIn(clock, (gap_start, gap_start + 0.5))
-    lease = make_lease(queue, received_at=clock.now, policy=LeasePolicy(visibility_timeout=8))
-    manager.track(lease, INTERVAL)
-    run_as_the_thread(manager, clock, until=8.5, monkeypatch=monkeypatch)
-
-    assert lost == []
-    assert lease.expires_at > 8
-    tries = queue.tries
-    assert all(b - a >= RETRY_SPACING_FLOOR for a, b in itertools.pairwise(tries)), tries
 
 
 def test_transient_failures_log_one_warning_not_one_per_check_and_info_on_recovery(
