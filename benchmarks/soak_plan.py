@@ -10,8 +10,9 @@ them all; the rest are drawn by weight. Two rules keep the verdicts readable:
 * the ``steady`` worker slots are never stopped (only their connection is dropped), so
   that their memory is measured over the whole run;
 * the fault windows on renewals (throttling, 5xx) stay shorter than the renewal margin
-  (``ChaosSettings.blip_max``), and only an ``outage`` lasts longer than the lease: a
-  task that runs twice must then have been SIGKILLed or cut off by an outage.
+  (``ChaosSettings.blip_max``) and a margin apart (two back to back are one window as
+  long as both), and only an ``outage`` lasts longer than the lease: a task that runs
+  twice must then have been SIGKILLed or cut off by an outage.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ class ChaosSettings:
         (at most half the lease), so that retried renewals keep every lease."""
         return self.lease / 4
 
+    @property
+    def blip_spacing(self) -> float:
+        """Time without such a window between two: the transport's renewal margin (half
+        the lease), so that a lease's retries meet at most one window."""
+        return self.lease / 2
+
 
 def plan_chaos(settings: ChaosSettings, rng: random.Random) -> list[Disruption]:
     """The disruptions of one run, in time order."""
@@ -118,6 +125,7 @@ class _Planner:
         self.plan: list[Disruption] = []
         self._down_until = [0.0] * settings.workers
         self._outage_until = 0.0
+        self._blips_until = 0.0
 
     def add(self, kind: DisruptionKind, at: float) -> bool:
         """Plan ``kind`` at ``at`` if it can happen then; whether it was planned."""
@@ -141,7 +149,11 @@ class _Planner:
             self._outage_until = at + seconds + settings.lease
             return Disruption(at, kind, seconds)
         if kind in ("throttle", "server_errors"):
-            return Disruption(at, kind, round(rng.uniform(0.3, 1.0) * settings.blip_max, 1))
+            if at < self._blips_until:
+                return None
+            seconds = round(rng.uniform(0.3, 1.0) * settings.blip_max, 1)
+            self._blips_until = at + seconds + settings.blip_spacing
+            return Disruption(at, kind, seconds)
         if kind == "slow_deletes":
             seconds = round(rng.uniform(0.5, 2.0) * settings.blip_max, 1)
             return Disruption(at, kind, seconds, count=rng.randint(2, 5))

@@ -57,6 +57,19 @@ def test_only_an_outage_outlasts_the_renewal_margin(plan: ModuleType, seed: int)
 
 
 @pytest.mark.parametrize("seed", range(20))
+def test_renewal_fault_windows_are_a_renewal_margin_apart(plan: ModuleType, seed: int) -> None:
+    """Two throttling or 5xx windows back to back are one window as long as both: the
+    30-minute solo soak lost an 8 s lease through two of 1.8 s, 0.4 s apart, its renewals
+    tried once a second. Between two windows, a lease's whole margin (half of it) passes."""
+    chaos = settings(plan, duration=1800.0)
+    disruptions = plan.plan_chaos(chaos, random.Random(seed))
+    blips = [d for d in disruptions if d.kind in ("throttle", "server_errors")]
+    assert len(blips) > 50
+    for before, after in itertools.pairwise(blips):
+        assert after.at >= before.at + before.seconds + chaos.lease / 2
+
+
+@pytest.mark.parametrize("seed", range(20))
 def test_outages_never_overlap_and_a_lease_passes_between_them(plan: ModuleType, seed: int) -> None:
     chaos = settings(plan, duration=1800.0)
     outages = [d for d in plan.plan_chaos(chaos, random.Random(seed)) if d.kind == "outage"]
