@@ -55,11 +55,11 @@ class Remains:
         self,
         nodes: Sequence[str],
         failed_tries: collections.Counter[str],
-        lost_leases: set[str],
+        kept_objects: dict[str, str],
     ) -> Leftovers:
         """Every queue, subscription, topic and S3 object the run did not mean to keep;
-        ``failed_tries``: the producer's failed publishes by task id; ``lost_leases``: the
-        tasks whose lease a worker reported lost."""
+        ``failed_tries``: the producer's failed publishes by task id; ``kept_objects``: the
+        tasks whose object may stay, and why (``soak_verdicts.objects_kept``)."""
         queues = {
             url.rsplit("/", 1)[1]
             for url in self.sqs.list_queues(QueueNamePrefix=PREFIX).get("QueueUrls", [])
@@ -72,7 +72,7 @@ class Remains:
             f"{s['TopicArn'].rsplit(':', 1)[1]} -> {s['Endpoint'].rsplit(':', 1)[1]}"
             for s in self.sns.list_subscriptions()["Subscriptions"]
         ]
-        objects, orphans, kept_objects = self._objects_left(failed_tries, lost_leases)
+        objects, orphans, kept = self._objects_left(failed_tries, kept_objects)
         return Leftovers(
             queues=sorted(queues - kept),
             subscriptions=sorted(s for s in subscriptions if s.split(" -> ")[1] not in kept),
@@ -80,7 +80,7 @@ class Remains:
             objects=objects,
             orphans=orphans,
             messages=self.messages_left(),
-            kept=kept_objects,
+            kept=kept,
         )
 
     def messages_left(self) -> int:
@@ -93,11 +93,11 @@ class Remains:
         return total
 
     def _objects_left(
-        self, failed_tries: collections.Counter[str], lost_leases: set[str]
+        self, failed_tries: collections.Counter[str], kept_objects: dict[str, str]
     ) -> tuple[list[str], list[str], list[str]]:
         """The bucket's objects, each named with its task; apart, those of a task whose
         publish failed (the body holds the message, and its headers the task id), and
-        those of a task whose lease was lost (kept on purpose: :class:`Leftovers`)."""
+        those kept on purpose, named with why (:class:`Leftovers`)."""
         objects: list[str] = []
         orphans: list[str] = []
         kept: list[str] = []
@@ -107,8 +107,8 @@ class Remains:
             name = f"{entry['Key']} (task {task_id or None})"
             if failed_tries[task_id]:
                 orphans.append(name)
-            elif task_id in lost_leases:
-                kept.append(name)
+            elif task_id in kept_objects:
+                kept.append(f"{name}, {kept_objects[task_id]}")
             else:
                 objects.append(name)
         return sorted(objects), sorted(orphans), sorted(kept)

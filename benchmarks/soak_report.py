@@ -39,10 +39,9 @@ class Leftovers:
     orphans: list[str] = field(default_factory=list)
     #: Messages still in the task queues: visible, in flight or delayed.
     messages: int = 0
-    #: Objects of tasks whose lease a worker reported lost before the delete landed: kept on
-    #: purpose and not counted (SQS answers a delete by an expired receipt handle with
-    #: success whether or not it deleted, so the worker cannot know the object is free);
-    #: the bucket's lifecycle rule removes them.
+    #: Objects kept on purpose and not counted, each named with why: its worker cannot know
+    #: the object is free (``soak_verdicts.objects_kept``); the bucket's lifecycle rule
+    #: removes them.
     kept: list[str] = field(default_factory=list)
 
     @property
@@ -155,7 +154,7 @@ def details(result: PoolResult) -> list[str]:
     lines += [f"left: topic {name}" for name in left.topics]
     lines += [f"left: S3 object {name}" for name in left.objects]
     lines += [f"left: S3 object of a failed publish {name}" for name in left.orphans]
-    lines += [f"kept: S3 object {name}, its lease lost before its delete" for name in left.kept]
+    lines += [f"kept: S3 object {name}" for name in left.kept]
     if left.messages:
         lines.append(f"left: {left.messages} messages in the task queues")
     lines += [

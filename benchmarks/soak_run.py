@@ -26,7 +26,7 @@ from soak_plan import ChaosSettings, plan_chaos, plan_tasks
 from soak_producer import Producer, Shapes
 from soak_remains import BUCKET, FIFO_QUEUE, PREFIX, QUEUE, Remains
 from soak_report import Leftovers, PoolResult
-from soak_verdicts import Tally, judge, memory_verdict
+from soak_verdicts import Tally, judge, memory_verdict, objects_kept
 from soak_workers import BENCH_DIR, WorkerSlot, wait_ready
 
 from celery_sqs_heartbeat.testing import StrictSQSServer
@@ -168,7 +168,7 @@ class PoolRun:
                 self.driver.log("stuck", worker=slot.current and slot.current.name)
         self.driver.log("stopped")
         leftovers = self.remains.leftovers(
-            [slot.node for slot in self.slots], producer.failed_tries, self._lost_leases()
+            [slot.node for slot in self.slots], producer.failed_tries, self._objects_kept()
         )
         self._keep_evidence()
         return producer, reaped, leftovers
@@ -199,12 +199,15 @@ class PoolRun:
             parked |= set(_PARKED.findall(log.read_text(errors="replace")))
         return len(parked)
 
-    def _lost_leases(self) -> set[str]:
-        """Tasks whose lease a worker reported lost, from the workers' logs."""
+    def _objects_kept(self) -> dict[str, str]:
+        """The tasks whose S3 object may stay, and why: their lease reported lost in the
+        workers' logs, or their worker SIGKILLed before the object could go."""
         lost: set[str] = set()
         for log in self.workdir.glob("worker-*.log"):
             lost |= set(_LOST_LEASE.findall(log.read_text(errors="replace")))
-        return lost
+        runs, _ = runs_and_receipts(self.records)
+        chaos = chaos_of(self.driver.acts, self.settings.lease, 0.0, self.pool)
+        return objects_kept(runs, chaos.kills, lost, self.settings.lease)
 
     def _warm_up(self) -> None:
         """Every worker loses its connection :data:`WARM_UP_RECONNECTS` times, one drop

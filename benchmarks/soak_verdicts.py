@@ -225,6 +225,38 @@ def _begun_after(before: TaskRun, stops: Sequence[Kill]) -> bool:
     return any(stop.worker == before.worker and stop.at <= before.start for stop in stops)
 
 
+#: Why an S3 object of a finished task may stay in the bucket on purpose, by task id.
+KEPT_LOST_LEASE = "its lease lost before its delete"
+KEPT_SIGKILLED = "its worker SIGKILLed before the object's delete"
+
+
+def objects_kept(
+    runs: Sequence[TaskRun], kills: Sequence[Kill], lost_leases: Iterable[str], lease: float
+) -> dict[str, str]:
+    """The tasks whose S3 object may stay, and why: the bucket's lifecycle rule removes it.
+
+    A worker deletes a message's object once SQS confirmed the message's delete. Its lease
+    reported lost: SQS answers a delete by an expired receipt handle with success whether
+    or not it deleted, so the object stays. Its last run's worker SIGKILLed from the run's
+    start to a lease after its end (the longest a confirmed delete may take): the delete
+    may have landed while its answer, and the object's delete, died with the worker (the
+    30-minute gevent soak: killed 3.4 s after the run, its delete held 3.2 s by a slow
+    delete fault).
+    """
+    kept = dict.fromkeys(lost_leases, KEPT_LOST_LEASE)
+    last: dict[str, TaskRun] = {}
+    for run in runs:
+        if run.task_id not in last or run.end > last[run.task_id].end:
+            last[run.task_id] = run
+    for task_id, run in last.items():
+        if task_id not in kept and any(
+            kill.worker == run.worker and run.start <= kill.at <= run.end + lease
+            for kill in kills
+        ):
+            kept[task_id] = KEPT_SIGKILLED
+    return kept
+
+
 def out_of_order(tasks: Sequence[Published], by_task: dict[str, list[TaskRun]]) -> list[str]:
     """FIFO tasks that started before a completed run of the task ahead of them in their
     group: SQS hands out a group's next message only once the one before is deleted."""

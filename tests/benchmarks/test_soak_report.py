@@ -116,7 +116,7 @@ def test_an_object_kept_for_a_lost_lease_is_named_and_fails_nothing(
 ) -> None:
     """Found by the chaos soak: the object of a task whose lease ran out in an outage before
     its delete landed stays on purpose (SQS's answer cannot say whether it deleted)."""
-    left = report.Leftovers(kept=["key-1 (task t1)"])
+    left = report.Leftovers(kept=["key-1 (task t1), its lease lost before its delete"])
     run = result(report, verdicts, leftovers=left)
 
     assert run.passed

@@ -225,3 +225,25 @@ def test_memory_beyond_both_margins_fails(v: ModuleType) -> None:
 def test_a_worker_that_lived_shorter_than_its_warm_up_is_not_judged(v: ModuleType) -> None:
     assert v.memory_verdict("w2.3", [(100.0, MIB), (105.0, MIB)], 120.0, MIB, 0.1) is None
     assert v.memory_verdict("w2.3", [], 20.0, MIB, 0.1) is None
+
+
+def test_an_object_is_kept_for_a_lost_lease_or_a_worker_killed_before_it_could_go(
+    v: ModuleType,
+) -> None:
+    """The 30-minute gevent soak: a worker SIGKILLed 3.4 s after its large task ended,
+    its delete held 3.2 s by a slow-delete fault, left the task's object."""
+    runs = [run(v, "w2.11", 10.0, 10.2), run(v, "w1.1", 20.0, 21.0), run(v, "w3.4", 30.0, 31.0)]
+    runs = [v.TaskRun(f"t{n}", r.worker, r.start, r.end, r.outcome) for n, r in enumerate(runs)]
+    kills = [v.Kill("w2.11", 13.6), v.Kill("w1.1", 40.0)]
+
+    kept = v.objects_kept(runs, kills, {"t2"}, lease=8.0)
+
+    assert kept == {"t0": v.KEPT_SIGKILLED, "t2": v.KEPT_LOST_LEASE}
+
+
+def test_an_object_is_judged_by_its_task_s_last_run(v: ModuleType) -> None:
+    """A task run again elsewhere after its first worker's kill: the second worker, alive,
+    owes the object's delete."""
+    runs = [v.TaskRun("t", "w2.1", 10.0, 11.0, "ok"), v.TaskRun("t", "w1.1", 30.0, 31.0, "ok")]
+
+    assert v.objects_kept(runs, [v.Kill("w2.1", 12.0)], set(), lease=8.0) == {}
