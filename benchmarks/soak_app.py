@@ -19,7 +19,8 @@ Configured from the environment, as ``chaos_soak.py`` starts each process:
 ``SOAK_TRACEMALLOC`` (optional, for diagnosing memory)
     a path with ``{worker}`` in it: the worker traces its allocations from its start
     (``tracemalloc``, 10 frames) and, every ``SOAK_TRACEMALLOC_EVERY`` seconds (60), writes
-    there the lines whose memory grew most since then, by traceback
+    there the lines whose memory grew most since then, by traceback; each prefork pool
+    process too, as ``{worker}`` followed by ``-child-`` and its pid
 
 Acks are late and a failure is not acked: with ``release_on_failure`` a failed task's
 message goes back to SQS after ``release_delay`` (a backoff), as production sets it.
@@ -183,10 +184,20 @@ def _fail_the_next_drain(consumer: Any) -> None:
 
 @signals.worker_ready.connect
 def _trace_allocations_if_asked(**_: Any) -> None:
+    _trace_allocations(WORKER)
+
+
+@signals.worker_process_init.connect
+def _trace_a_pool_process_if_asked(**_: Any) -> None:
+    """A prefork pool process starts without the parent's thread: it traces on its own."""
+    _trace_allocations(f"{WORKER}-child-{os.getpid()}")
+
+
+def _trace_allocations(name: str) -> None:
     path = os.environ.get("SOAK_TRACEMALLOC")
     if path:
         every = float(os.environ.get("SOAK_TRACEMALLOC_EVERY", "60"))
-        target = path.format(worker=WORKER)
+        target = path.format(worker=name)
         threading.Thread(target=_write_growth, args=(target, every), daemon=True).start()
 
 
