@@ -72,7 +72,7 @@ class Remains:
             f"{s['TopicArn'].rsplit(':', 1)[1]} -> {s['Endpoint'].rsplit(':', 1)[1]}"
             for s in self.sns.list_subscriptions()["Subscriptions"]
         ]
-        objects, orphans, kept = self._objects_left(failed_tries, kept_objects)
+        objects, orphans, objects_kept = self._objects_left(failed_tries, kept_objects)
         return Leftovers(
             queues=sorted(queues - kept),
             subscriptions=sorted(s for s in subscriptions if s.split(" -> ")[1] not in kept),
@@ -80,7 +80,7 @@ class Remains:
             objects=objects,
             orphans=orphans,
             messages=self.messages_left(),
-            kept=kept,
+            kept=objects_kept,
         )
 
     def messages_left(self) -> int:
