@@ -4,7 +4,10 @@ Most failures only delay the queue's next receive (the gate's backoff). A queue 
 gone is one of Celery's remote-control queues, which Celery deletes itself: the channel
 stops receiving from it and goes on. Any other error no retry can fix (a wrong name,
 region or credentials) stops the worker with the queue and the cause named, where kombu
-5.7 would end it on any error and kombu 5.5 would stop receiving without a word.
+5.7 would end it on any error and kombu 5.5 would stop receiving without a word; but
+never for a queue the channel no longer consumes, whose receive was in flight when its
+consumer left (a monitor's event queue, deleted at its exit while its event thread still
+polled: stopping then interrupted Flower's exit before the queue was unsubscribed).
 """
 
 from __future__ import annotations
@@ -46,18 +49,19 @@ class ReceiveFailures:
         """A receive from ``queue_name`` failed: back off, stop receiving from a
         remote-control queue that is gone, or stop the worker when no retry can help."""
         this_process().metrics.record_receive_error(failure.code)
+        if failure.fatal and not self._consumers_of(queue_name):
+            # A receive that was in flight when this channel stopped consuming the queue
+            # (a remote-control queue gone and said once; an auto-delete queue it deleted
+            # itself at exit): its answer no longer matters.
+            return
         if failure.fatal and not ends_worker(failure, queue_name):
-            consumers = self._consumers_of(queue_name)
-            if not consumers:
-                # Another receive that was in flight when the queue went: said already.
-                return
             logger.warning(
                 "SQS queue %s is gone (%s): Celery creates and deletes its remote-control "
                 "queues itself, so this channel stops receiving from it and goes on",
                 queue_name,
                 failure,
             )
-            for tag in consumers:
+            for tag in self._consumers_of(queue_name):
                 self._channel.basic_cancel(tag)
             return
         if failure.fatal:

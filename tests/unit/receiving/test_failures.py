@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import pytest
+from celery.exceptions import WorkerShutdown
 
 from celery_sqs_heartbeat.receiving.failures import ReceiveFailures
 from celery_sqs_heartbeat.receiving.retries import classify_receive_error
@@ -46,3 +47,39 @@ def test_receives_in_flight_when_a_remote_control_queue_went_say_so_once(
     assert len(warnings) == 1
     assert channel.cancelled == ["tag-1"]
     assert channel._tag_to_queue == {"tag-2": "celery"}
+
+
+EVENT_QUEUE = "celeryev-006d4197-fff0-468c-b49c-f5d7ce81f131"
+
+
+def test_a_receive_in_flight_when_its_consumer_left_stops_nothing(
+    caplog: pytest.LogCaptureFixture, process_state: Any
+) -> None:
+    """Found when a busy machine ran the integration suite: Flower stopped, the channel
+    cancelled its event consumer and deleted its queue at exit, a receive of that queue
+    still in flight came back 'does not exist', and the worker-stopping error it raised
+    in Flower's event thread interrupted the exit's cleanup before it unsubscribed the
+    queue from its topic. A receive from a queue the channel no longer consumes is moot."""
+    channel = Channel()
+    channel._tag_to_queue = {"tag-2": "celery"}
+    failures = ReceiveFailures(channel, gate=None)  # type: ignore[arg-type]
+    gone = classify_receive_error(client_error("QueueDoesNotExist"))
+
+    with caplog.at_level(logging.WARNING, logger="celery_sqs_heartbeat.receiving.failures"):
+        failures.failed(EVENT_QUEUE, gone)
+
+    assert caplog.records == []
+    assert channel.cancelled == []
+
+
+def test_a_task_queue_still_consumed_that_does_not_exist_stops_the_worker(
+    caplog: pytest.LogCaptureFixture, process_state: Any
+) -> None:
+    channel = Channel()
+    failures = ReceiveFailures(channel, gate=None)  # type: ignore[arg-type]
+    gone = classify_receive_error(client_error("QueueDoesNotExist"))
+
+    with pytest.raises(WorkerShutdown):
+        failures.failed("celery", gone)
+
+    assert "retrying cannot fix this" in caplog.text
